@@ -1,0 +1,28 @@
+# Speculative decoding from scratch, benchmarked behind one shared decoding contract.
+# Default: the embedded CPU config (SmolLM2-135M-Instruct). Full scale:
+#   snakemake results/tables.md --cores 1 --configfile workflow/configs/full-scale.yaml
+from snakemake.utils import min_version, validate
+
+min_version("8.0")
+
+
+configfile: "config.yaml"
+
+
+envvars:
+    "PATH",
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/bench.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        "results/tables.md",

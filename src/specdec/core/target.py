@@ -1,0 +1,152 @@
+"""The target-model interface every method decodes through.
+
+Wraps a transformers causal LM (Llama, Qwen2, ... no forked modeling code) and its DynamicCache:
+- prefill(prompt)                -> logits of the last prompt position (+ hidden taps)
+- forward(nodes, parents)        -> logits of every node of a chain (parents=None: plain causal)
+                                    or a tree (4-D mask + explicit positions); the cache then holds
+                                    every node
+- commit(path)                   -> keep only the accepted path's KV, in order, drop the rest
+
+Hidden taps: layer i means transformers' output_hidden_states[i] (0 = embeddings, i = output of
+decoder layer i-1), the convention vLLM's EAGLE-3 `eagle_aux_hidden_state_layer_ids` uses. They
+are captured with forward hooks, so no modeling file is touched.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .tree import tree_attention_inputs
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A DynamicLayer that writes into a buffer grown by doubling. transformers' DynamicLayer
+    torch.cat's the whole cache on every step (O(context) copies per token); this copies only the
+    new tokens. keys/values are views of the buffer, so crop() and commit() stay cheap."""
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._k = self._v = None
+        self._len = 0
+
+    def _grow(self, need: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        cap = max(need, 2 * (0 if self._k is None else self._k.shape[-2]), 256)
+        k = k_new.new_empty(*k_new.shape[:2], cap, k_new.shape[-1])
+        v = v_new.new_empty(*v_new.shape[:2], cap, v_new.shape[-1])
+        if self._len:
+            k[:, :, :self._len] = self._k[:, :, :self._len]
+            v[:, :, :self._len] = self._v[:, :, :self._len]
+        self._k, self._v = k, v
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, need = self._len, self._len + key_states.shape[-2]
+        if self._k is None or need > self._k.shape[-2]:
+            self._grow(need, key_states, value_states)
+        self._k[:, :, start:need] = key_states
+        self._v[:, :, start:need] = value_states
+        self._len = need
+        self.keys, self.values = self._k[:, :, :need], self._v[:, :, :need]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._len if self.is_initialized else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove >= 0:
+            raise ValueError("PreallocatedLayer.crop takes a negative count (tokens to remove)")
+        self._len = max(0, self._len + tokens_to_remove)
+        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+
+
+def new_cache(config) -> DynamicCache:
+    """A DynamicCache whose full-attention layers preallocate (sliding layers are left as they are)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [PreallocatedLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+class TargetModel:
+    def __init__(self, model):
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.config = model.config
+        self.cache: DynamicCache | None = None
+        self.cached = 0      # committed tokens in the cache
+        self.pending = 0     # nodes of the last forward, not yet committed
+        self._hooks: dict[int, object] = {}
+        self._captured: dict[int, torch.Tensor] = {}
+        self._capture: tuple[int, ...] = ()
+
+    # ---- hidden-state taps -------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    def _module_for_tap(self, layer: int) -> torch.nn.Module:
+        base = self.model.model
+        if not 0 <= layer <= self.num_layers:
+            raise ValueError(f"tap layer {layer} out of range 0..{self.num_layers}")
+        return base.embed_tokens if layer == 0 else base.layers[layer - 1]
+
+    def _ensure_hooks(self, layers: tuple[int, ...]) -> None:
+        for layer in layers:
+            if layer in self._hooks:
+                continue
+
+            def hook(_module, _inputs, output, layer=layer):
+                if layer in self._capture:
+                    out = output[0] if isinstance(output, tuple) else output
+                    self._captured[layer] = out[0]  # (seq, hidden), batch 1
+            self._hooks[layer] = self._module_for_tap(layer).register_forward_hook(hook)
+
+    def _run(self, ids: torch.Tensor, taps: tuple[int, ...], logits_to_keep: int = 0, **kw):
+        if taps:
+            self._ensure_hooks(taps)
+        self._capture, self._captured = taps, {}
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=logits_to_keep, **kw)
+        hidden = dict(self._captured) if taps else None
+        self._capture, self._captured = (), {}
+        return out.logits[0], hidden
+
+    # ---- decoding ------------------------------------------------------------------------------
+    def prefill(self, prompt_ids: list[int], taps: tuple[int, ...] = ()):
+        """Start a sequence. Returns last-position logits (1, vocab) and taps over the prompt."""
+        self.cache = new_cache(self.config)
+        ids = torch.tensor([prompt_ids], device=self.device)
+        logits, hidden = self._run(ids, taps, logits_to_keep=1)
+        self.cached, self.pending = len(prompt_ids), 0
+        return logits, hidden
+
+    def forward(self, nodes: list[int], parents: list[int] | None = None, taps: tuple[int, ...] = ()):
+        """Run draft nodes after the cache. nodes[0] is the pending token. parents=None is a chain
+        (the ordinary causal mask); otherwise node i attends to the cache, its ancestors, itself."""
+        if self.pending:
+            raise RuntimeError("commit() the previous forward before the next one")
+        ids = torch.tensor([nodes], device=self.device)
+        if parents is None:
+            logits, hidden = self._run(ids, taps)
+        else:
+            mask, pos = tree_attention_inputs(parents, self.cached, self.dtype, self.device)
+            logits, hidden = self._run(ids, taps, attention_mask=mask, position_ids=pos)
+        self.pending = len(nodes)
+        return logits, hidden
+
+    def commit(self, path: list[int] | None) -> None:
+        """Keep the KV of nodes `path` (ascending node indices of the last forward); None keeps all."""
+        n = self.pending
+        keep = n if path is None else len(path)
+        if path is not None and path != list(range(keep)):
+            # a tree path (or a chain with a gap): move the kept nodes' KV to the front, in order
+            src = torch.tensor(path, device=self.device) + self.cached
+            for layer in self.cache.layers:
+                layer.keys[:, :, self.cached:self.cached + keep] = layer.keys.index_select(2, src)
+                layer.values[:, :, self.cached:self.cached + keep] = layer.values.index_select(2, src)
+        if keep < n:
+            self.cache.crop(keep - n)  # negative: drop the rejected nodes from the end
+        self.cached += keep
+        self.pending = 0

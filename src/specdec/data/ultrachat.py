@@ -1,0 +1,15 @@
+"""UltraChat first user turns (full-scale config: HuggingFaceH4/ultrachat_200k from the hub)."""
+from __future__ import annotations
+
+
+def first_user_turns(rows):
+    """(id, first user message) from rows with a `messages` list (ultrachat_200k's layout)."""
+    for i, row in enumerate(rows):
+        msgs = row.get("messages") or []
+        if msgs and msgs[0].get("role") == "user" and isinstance(msgs[0].get("content"), str):
+            yield str(row.get("prompt_id", i)), msgs[0]["content"]
+
+
+def load_rows(dataset: str, split: str):  # pragma: no cover - needs the hub
+    from datasets import load_dataset
+    return load_dataset(dataset, split=split)

@@ -1,0 +1,29 @@
+"""Method registry: name -> module. Each module owns everything about its method and exposes
+`build(params: dict, target) -> Proposer`. The core never imports from here."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+METHODS = {
+    "ngram": "specdec.methods.ngram",
+    "suffix": "specdec.methods.suffix",
+}
+
+
+def build_proposer(name: str, params: dict, target=None):
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
+    module = importlib.import_module(METHODS[name])
+    try:
+        return module.build(dict(params), target)
+    except TypeError as e:  # unknown/missing keyword in the method's config dataclass
+        raise ValueError(f"method {name!r}: bad parameters {params}: {e}") from None
+
+
+def source_files(name: str) -> list[Path]:
+    """The files a method's benchmark depends on (its module or package)."""
+    here = Path(__file__).parent
+    rel = METHODS[name].split(".")[-1]
+    pkg = here / rel
+    return sorted(pkg.rglob("*.py")) if pkg.is_dir() else [here / f"{rel}.py"]

@@ -1,0 +1,126 @@
+"""The lossless property: whatever a proposer drafts, greedy output equals the baseline (fp32)."""
+import random
+
+import pytest
+import torch
+
+from specdec.core.loop import Draft, decode
+from specdec.core.target import TargetModel
+from specdec.methods.ngram import NgramConfig, NgramProposer
+from specdec.methods.suffix import SuffixConfig, SuffixProposer
+
+EOS = {2}
+
+
+class RandomChain:
+    tap_layers = ()
+
+    def __init__(self, seed, vocab=64, k=5):
+        self.rng, self.vocab, self.k = random.Random(seed), vocab, k
+
+    def start(self, prompt_ids, hidden):
+        pass
+
+    def propose(self, ids):
+        return Draft.chain([self.rng.randrange(self.vocab) for _ in range(self.rng.randint(0, self.k))])
+
+    def observe(self, step):
+        pass
+
+
+class RandomTree(RandomChain):
+    def propose(self, ids):
+        n = self.rng.randint(1, 10)
+        parents = [-1] + [self.rng.randrange(-1, i) for i in range(1, n)]
+        return Draft([self.rng.randrange(self.vocab) for _ in range(n)], parents)
+
+
+class Oracle(RandomChain):
+    """Knows the baseline output: drafts it, corrupting one token now and then, sometimes as a
+    tree whose correct branch is not the first child, sometimes including EOS."""
+
+    def __init__(self, seed, reference):
+        super().__init__(seed)
+        self.reference = reference
+
+    def start(self, prompt_ids, hidden):
+        self.prompt_len = len(prompt_ids)
+
+    def propose(self, ids):
+        done = len(ids) - self.prompt_len
+        truth = self.reference[done: done + self.rng.randint(1, 8)]
+        if not truth:
+            return Draft.chain([2, 2, 2])  # drafts past the end (EOS) are still verified
+        chain = list(truth)
+        if self.rng.random() < 0.3:
+            chain[self.rng.randrange(len(chain))] = self.rng.randrange(self.vocab)
+        if self.rng.random() < 0.5:
+            return Draft.chain(chain)
+        # decoy branch first, then the (possibly corrupted) truth as a second branch
+        decoy = [(t + 1) % self.vocab for t in chain[:2]]
+        d = len(decoy)
+        return Draft(decoy + chain, list(range(-1, d - 1)) + [-1] + list(range(d, d + len(chain) - 1)))
+
+
+def baseline(target, prompt, max_new):
+    return decode(target, prompt, max_new, EOS).output_ids
+
+
+@pytest.mark.parametrize("max_new", [1, 7, 40])
+def test_adversarial_proposers_are_lossless(tiny_model, max_new):
+    target = TargetModel(tiny_model)
+    rng = random.Random(max_new)
+    for trial in range(3):
+        prompt = [rng.randrange(3, 64) for _ in range(rng.randint(1, 20))]
+        ref = baseline(target, prompt, max_new)
+        assert len(ref) <= max_new
+        for proposer in (RandomChain(trial), RandomTree(trial), Oracle(trial, ref)):
+            out = decode(target, prompt, max_new, EOS, proposer)
+            assert out.output_ids == ref, type(proposer).__name__
+            assert len(out.drafted) == len(out.accepted)
+            assert all(0 <= a <= d for a, d in zip(out.accepted, out.drafted))
+            # every step emits its accepted drafts plus one target token (except a cut at the end)
+            assert sum(out.accepted) + len(out.drafted) >= len(ref) - 1
+
+
+def test_oracle_accepts_long_runs(tiny_model):
+    target = TargetModel(tiny_model)
+    prompt = [5, 9, 11, 13]
+    ref = baseline(target, prompt, 40)
+
+    class Perfect(Oracle):
+        def propose(self, ids):
+            done = len(ids) - self.prompt_len
+            return Draft.chain(self.reference[done: done + 4]) if self.reference[done:done + 4] else None
+
+    out = decode(target, prompt, 40, EOS, Perfect(0, ref))
+    assert out.output_ids == ref
+    assert len(out.drafted) < len(ref) / 3  # 4 drafts + 1 bonus per step
+
+
+def test_eos_stops_exactly_like_greedy(tiny_model):
+    target = TargetModel(tiny_model)
+    # find a prompt whose greedy output hits EOS: use the model's own argmax to pick one
+    eos_model = {int(decode(target, [7, 8, 9], 1, set()).output_ids[0])}
+    ref = decode(target, [7, 8, 9], 20, eos_model).output_ids
+    assert ref[-1] in eos_model and len(ref) == 1
+    out = decode(target, [7, 8, 9], 20, eos_model, RandomTree(3))
+    assert out.output_ids == ref
+
+
+@pytest.mark.parametrize("make", [
+    lambda: NgramProposer(NgramConfig(draft_len=5, prompt_lookup_min=1, prompt_lookup_max=4)),
+    lambda: SuffixProposer(SuffixConfig(draft_len=8, max_tree_depth=6)),
+    lambda: SuffixProposer(SuffixConfig(draft_len=4, max_tree_depth=8, global_cache=True)),
+])
+def test_training_free_methods_are_lossless(tiny_model, make):
+    target = TargetModel(tiny_model)
+    proposer = make()
+    rng = random.Random(5)
+    for _ in range(3):
+        motif = [rng.randrange(3, 64) for _ in range(6)]
+        prompt = motif * 4 + [rng.randrange(3, 64)]  # repetitive: the proposers find matches
+        ref = baseline(target, prompt, 48)
+        out = decode(target, prompt, 48, EOS, proposer)
+        assert out.output_ids == ref
+        assert sum(out.drafted) > 0

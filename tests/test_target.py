@@ -1,0 +1,66 @@
+import random
+
+import torch
+
+from specdec.core.target import TargetModel
+from specdec.core.tree import root_paths
+
+
+def full_logits(model, ids):
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def random_tree(rng, n):
+    return [-1] + [rng.randrange(i) for i in range(1, n)]
+
+
+def test_tree_forward_matches_per_path_forwards(tiny_model):
+    rng = random.Random(0)
+    target = TargetModel(tiny_model)
+    prompt = [rng.randrange(3, 64) for _ in range(11)]
+    with torch.inference_mode():
+        for trial in range(4):
+            target.prefill(prompt)
+            parents = random_tree(rng, 9)
+            nodes = [rng.randrange(3, 64) for _ in parents]
+            logits, _ = target.forward(nodes, parents)
+            for path in root_paths(parents):
+                ref = full_logits(tiny_model, prompt + [nodes[i] for i in path])[len(prompt):]
+                assert torch.allclose(logits[path], ref, atol=1e-5), (trial, path)
+            target.commit([0])
+
+
+def test_commit_rolls_back_to_the_accepted_path(tiny_model):
+    rng = random.Random(1)
+    target = TargetModel(tiny_model)
+    prompt = [rng.randrange(3, 64) for _ in range(7)]
+    with torch.inference_mode():
+        target.prefill(prompt)
+        seq = list(prompt)
+        for step in range(30):  # many steps: the preallocated buffer grows past its first size
+            parents = random_tree(rng, rng.randint(1, 8))
+            nodes = [rng.randrange(3, 64) for _ in parents]
+            logits, _ = target.forward(nodes, parents if step % 2 else list(range(-1, len(nodes) - 1)))
+            path = rng.choice(root_paths(parents) if step % 2 else [list(range(len(nodes)))])
+            path = path[: rng.randint(1, len(path))]
+            target.commit(path)
+            seq += [nodes[i] for i in path]
+            assert target.cached == len(seq) == target.cache.get_seq_length()
+        # the cache now equals a fresh forward of the committed sequence
+        probe, _ = target.forward([5, 6])
+        target.commit(None)
+        ref = full_logits(tiny_model, seq + [5, 6])[-2:]
+        assert torch.allclose(probe, ref, atol=1e-5)
+
+
+def test_hidden_taps_match_output_hidden_states(tiny_model):
+    target = TargetModel(tiny_model)
+    prompt = [3, 4, 5, 6, 7]
+    with torch.inference_mode():
+        _, hidden = target.prefill(prompt, taps=(0, 1, 3))
+        ref = tiny_model(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    for layer in (0, 1):
+        assert torch.allclose(hidden[layer], ref[layer][0], atol=1e-6)
+    # the last entry of HF's hidden_states is after the final norm; our tap 3 is the raw layer output
+    assert hidden[3].shape == ref[3][0].shape

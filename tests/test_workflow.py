@@ -1,0 +1,95 @@
+"""The real Snakemake DAG on the smoke config (real SmolLM2 target, tiny sizes), the stale-rerun
+property, config validation and the linter."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+SMOKE = ["--configfile", "workflow/configs/smoke.yaml"]
+
+
+def copy_workflow(dest: Path) -> Path:
+    """Snakefile, workflow/, src/ and config.yaml in a scratch dir: touching its sources for the
+    stale-rerun test leaves the repository alone."""
+    for name in ("Snakefile", "config.yaml", "README.md"):
+        shutil.copy2(REPO / name, dest / name)
+    for name in ("workflow", "src", "envs"):
+        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return dest
+
+
+def smk(workdir, *args, check=True):
+    proc = subprocess.run(SNAKEMAKE + list(args), cwd=workdir, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def job_counts(dry_run_output: str) -> dict[str, int]:
+    stats = dry_run_output.split("Job stats:", 1)[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m.group(1) != "total"}
+
+
+def test_lint_is_clean():
+    proc = smk(REPO, "--lint", check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_config_typo_is_rejected_before_anything_runs(tmp_path):
+    wd = copy_workflow(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("bench:\n  dtypes: [float32]\n  warmup_prompts: one\n  datasets: {wiki: {prompts: 2, max_new_tokens: 4}}\n")
+    proc = smk(wd, "-n", "--cores", "1", "--configfile", str(bad), check=False)
+    assert proc.returncode != 0
+    assert "warmup_prompts" in proc.stdout + proc.stderr
+    (tmp_path / "bad.yaml").write_text("methods:\n  ngram:\n    datasets: [wiki]\n    varients: {}\n")
+    proc = smk(wd, "-n", "--cores", "1", "--configfile", str(bad), check=False)
+    assert proc.returncode != 0 and "varients" in proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    wd = copy_workflow(tmp_path_factory.mktemp("smoke"))
+    smk(wd, "results/tables.md", "--cores", "1", *SMOKE)
+    return wd
+
+
+@pytest.mark.integration
+def test_smoke_dag_end_to_end(smoke_run):
+    wd = smoke_run
+    tables = (wd / "results" / "tables.md").read_text()
+    for name in ("ngram/k5", "suffix/d8", "hf_generate/greedy", "hf_prompt_lookup/k5"):
+        assert name in tables
+    for png in ("speedup", "throughput", "acceptance_by_position"):
+        assert (wd / "results" / "plots" / f"{png}.png").stat().st_size > 1000
+    # lossless in fp32 on the real target: every method matches the shared baseline
+    for summary in (wd / "results" / "torch" / "float32").rglob("*.summary.json"):
+        s = json.loads(summary.read_text())
+        if s["method"] != "baseline":
+            assert s["matches_baseline"] == s["prompts"], (summary, s["diverged_prompts"])
+            assert s["speedup"] > 0 and s["throughput_tok_s"] > 0
+    recs = [json.loads(line) for line in (wd / "data" / "chat" / "train.jsonl").read_text().splitlines()]
+    assert len(recs) == 6 and all(r["completion_ids"] for r in recs)
+    assert not list(wd.rglob("*.tmp")) and not list(wd.rglob("*.partial"))
+
+
+@pytest.mark.integration
+def test_editing_one_method_reruns_only_its_jobs(smoke_run):
+    wd = smoke_run
+    assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
+    os.utime(wd / "src" / "specdec" / "methods" / "ngram.py")  # an edit, as far as make-style rules see
+    out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
+    assert job_counts(out) == {"bench_torch_method": 3, "report": 1, "all": 1}  # ngram on 3 data sets
+    reruns = re.findall(r"output: (results/torch/\S+?)\.jsonl", out)
+    assert reruns and all("/ngram-" in r for r in reruns)
+    # an edit of the shared core reruns every benchmark, but not the data sets or the target
+    os.utime(wd / "src" / "specdec" / "core" / "verify.py")
+    counts = job_counts(smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout)
+    assert counts["bench_torch_baseline"] == 3 and "chat_set" not in counts and "target_model" not in counts

