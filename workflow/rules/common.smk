@@ -64,6 +64,8 @@ def torch_method_summaries():
             for dataset in spec["datasets"]:
                 if dataset not in config["bench"]["datasets"]:
                     raise ValueError(f"config: methods.{method}.datasets: {dataset} is not in bench.datasets")
+                if dtype not in spec.get("dtypes", config["bench"]["dtypes"]):
+                    continue
                 for variant in spec["variants"]:
                     out.append(f"results/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")
     return out
