@@ -6,7 +6,10 @@ from snakemake.utils import min_version, validate
 min_version("8.0")
 
 
-configfile: "config.yaml"
+# A --configfile replaces config.yaml instead of being merged into it: each config is complete.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
 
 
 envvars:

@@ -80,7 +80,8 @@ def cmd_bench_torch(a):
                     variant=a.variant, params=a.params, out_records=a.out_records,
                     out_summary=a.out_summary, baseline_path=a.baseline, limit=a.limit,
                     max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype,
-                    device=a.device, threads=a.threads)
+                    device=a.device, threads=a.threads, counterpart=a.counterpart,
+                    counterpart_params=a.counterpart_params)
     keys = ("throughput_tok_s", "speedup", "acceptance_rate", "tau", "matches_baseline")
     print(json.dumps({k: s.get(k) for k in keys}))
 
@@ -151,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="float32")
     s.add_argument("--device", default="cpu")
     s.add_argument("--threads", type=int, default=0)
+    s.add_argument("--counterpart", help="also time this arm (baseline or a method), interleaved")
+    s.add_argument("--counterpart-params", type=_json, default={})
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)

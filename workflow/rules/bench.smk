@@ -49,6 +49,7 @@ rule bench_torch_method:
     params:
         target=target_dir,
         method_params=method_params,
+        counterpart=counterpart_args,
         limit=lambda wc: bench_setting(wc.dataset)["prompts"],
         max_new=lambda wc: bench_setting(wc.dataset)["max_new_tokens"],
         warmup=config["bench"]["warmup_prompts"],
@@ -61,6 +62,7 @@ rule bench_torch_method:
     shell:
         "python -m specdec bench-torch --target {params.target} --prompts {input.prompts} --dataset {wildcards.dataset}"
         " --method {wildcards.method} --variant {wildcards.variant} --params '{params.method_params}'"
+        " {params.counterpart}"
         " --baseline {input.baseline} --limit {params.limit} --max-new-tokens {params.max_new}"
         " --warmup {params.warmup} --dtype {wildcards.dtype} --device {params.device}"
         " --threads {params.threads} --out-records {output.records} --out-summary {output.summary}"

@@ -35,9 +35,11 @@ PEER_SOURCES = {
 
 
 def method_sources(method):
-    """The method's own module (or package); Hugging Face peers: their backend."""
+    """The method's own module (or package); Hugging Face peers: their backend, plus the module
+    of the method they are timed against in the same job."""
     if method in PEER_SOURCES:
-        return PEER_SOURCES[method]
+        other = config["methods"][method].get("compare_with", "baseline").split("/")[0]
+        return PEER_SOURCES[method] + ([] if other == "baseline" else method_sources(other))
     pkg = SRC / "methods" / method
     if pkg.is_dir():
         return sorted(str(p) for p in pkg.rglob("*.py"))
@@ -45,6 +47,25 @@ def method_sources(method):
     if not path.exists():
         raise ValueError(f"config.yaml: methods.{method}: no module {path}")
     return [str(path)]
+
+
+def counterpart_args(wildcards):
+    """--counterpart for a peer: the arm of ours it is timed against, interleaved, in one job."""
+    other = config["methods"][wildcards.method].get("compare_with")
+    if other is None:
+        return ""
+    if other == "baseline":
+        return "--counterpart baseline"
+    name, variant = other.split("/")
+    try:
+        params = config["methods"][name]["variants"][variant]
+    except KeyError:
+        raise ValueError(f"config: methods.{wildcards.method}.compare_with: no methods.{name}.variants.{variant}")
+    return f"--counterpart {name} --counterpart-params '{json.dumps(params)}'"
+
+
+def dataset_dtypes(dataset):
+    return config["bench"]["datasets"][dataset].get("dtypes", config["bench"]["dtypes"])
 
 
 def bench_setting(dataset):
@@ -59,12 +80,13 @@ def torch_method_summaries():
     out = []
     for dtype in config["bench"]["dtypes"]:
         for dataset in config["bench"]["datasets"]:
-            out.append(f"results/torch/{dtype}/{dataset}/baseline.summary.json")
+            if dtype in dataset_dtypes(dataset):
+                out.append(f"results/torch/{dtype}/{dataset}/baseline.summary.json")
         for method, spec in config["methods"].items():
             for dataset in spec["datasets"]:
                 if dataset not in config["bench"]["datasets"]:
                     raise ValueError(f"config: methods.{method}.datasets: {dataset} is not in bench.datasets")
-                if dtype not in spec.get("dtypes", config["bench"]["dtypes"]):
+                if dtype not in spec.get("dtypes", config["bench"]["dtypes"]) or dtype not in dataset_dtypes(dataset):
                     continue
                 for variant in spec["variants"]:
                     out.append(f"results/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")

@@ -6,6 +6,8 @@ listed in the summary. Records and summary follow core.metrics.
 """
 from __future__ import annotations
 
+import statistics
+
 import torch
 from tqdm import tqdm
 
@@ -20,10 +22,34 @@ from .hf_generate import PEERS, hf_decode, peer_kwargs
 DRAFT_MARGIN = 64  # room left in the context for draft nodes
 
 
+def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int], target=None):
+    """(run(prompt_ids) -> DecodeResult, proposer or None) for our loop or a Hugging Face peer."""
+    if method in PEERS:
+        kwargs = peer_kwargs(method, params)
+        return (lambda ids: hf_decode(model, ids, max_new_tokens, eos, kwargs)), None
+    target = target or TargetModel(model)
+    proposer = None if method == "baseline" else build_proposer(method, params, target)
+    return (lambda ids: decode(target, ids, max_new_tokens, eos, proposer)), proposer
+
+
+def _record(p: dict, r, dataset: str, label: str) -> dict:
+    return make_record(
+        id=p["id"], dataset=dataset, method=label, prompt_tokens=len(p["prompt_ids"]),
+        new_tokens=len(r.output_ids), wall_s=r.wall_s, ttft_s=r.ttft_s, draft_s=r.draft_s,
+        steps=len(r.drafted) if r.drafted is not None else None,
+        drafted=r.drafted, accepted=r.accepted, output_ids=r.output_ids,
+        matches_baseline=None, first_divergence=None)
+
+
 def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str, variant: str | None,
                 params: dict, out_records: str, out_summary: str, baseline_path: str | None = None,
                 limit: int | None = None, max_new_tokens: int = 64, warmup: int = 1,
-                dtype: str = "float32", device: str = "cpu", threads: int = 0) -> dict:
+                dtype: str = "float32", device: str = "cpu", threads: int = 0,
+                counterpart: str | None = None, counterpart_params: dict | None = None) -> dict:
+    """Benchmark `method` (records + summary). With `counterpart` ("baseline" or one of our
+    methods), that arm is timed too, alternating with `method` prompt by prompt in this process,
+    and the summary gets the same-run ratio (`same_run`): the fair way to compare two arms on a
+    noisy shared machine."""
     if threads:
         torch.set_num_threads(threads)
     prompts = read_prompts(prompts_path, limit)
@@ -40,45 +66,61 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str
     if not fits:
         raise ValueError(f"{prompts_path}: no prompt fits the context of {context} tokens")
 
-    if method in PEERS:
-        kwargs = peer_kwargs(method, params)
-        run = lambda ids: hf_decode(model, ids, max_new_tokens, eos, kwargs)  # noqa: E731
-        proposer = None
-    else:
-        target = TargetModel(model)
-        proposer = None if method == "baseline" else build_proposer(method, params, target)
-        run = lambda ids: decode(target, ids, max_new_tokens, eos, proposer)  # noqa: E731
-
+    run, proposer = _runner(model, method, params, max_new_tokens, eos)
+    arms = [run]
+    if counterpart is not None:
+        other, other_proposer = _runner(model, counterpart, counterpart_params or {}, max_new_tokens, eos)
+        arms.append(other)
     for p in fits[:warmup]:
-        run(p["prompt_ids"])  # warm-up: allocator, kernels, caches; not recorded
+        for arm in arms:
+            arm(p["prompt_ids"])  # warm-up: allocator, kernels, caches; not recorded
 
-    records = []
+    records, other_records = [], []
     bar = tqdm(fits, desc=f"{label} on {dataset}", unit="prompt")
     new_total = wall_total = 0.0
-    for p in bar:
-        r = run(p["prompt_ids"])
-        new_total += len(r.output_ids)
-        wall_total += r.wall_s
+    for i, p in enumerate(bar):
+        # alternate which arm goes first, so neither always runs on a warmer machine
+        order = list(range(len(arms)))
+        for a in order if i % 2 == 0 else order[::-1]:
+            r = arms[a](p["prompt_ids"])
+            (records if a == 0 else other_records).append(_record(p, r, dataset, label if a == 0 else counterpart))
+        new_total += records[-1]["new_tokens"]
+        wall_total += records[-1]["wall_s"]
         bar.set_postfix(tok_s=f"{new_total / wall_total:.1f}")
-        records.append(make_record(
-            id=p["id"], dataset=dataset, method=label, prompt_tokens=len(p["prompt_ids"]),
-            new_tokens=len(r.output_ids), wall_s=r.wall_s, ttft_s=r.ttft_s, draft_s=r.draft_s,
-            steps=len(r.drafted) if r.drafted is not None else None,
-            drafted=r.drafted, accepted=r.accepted, output_ids=r.output_ids,
-            matches_baseline=None, first_divergence=None))
-    if proposer is not None and hasattr(proposer, "close"):
-        proposer.close()
+    for prop in (proposer, other_proposer if counterpart is not None else None):
+        if prop is not None and hasattr(prop, "close"):
+            prop.close()
 
     attach_baseline(records, baseline)
     settings = {"backend": "torch", "method": method, "variant": variant, "params": params,
                 "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
                 "warmup_prompts": warmup, "prompts_file": str(prompts_path), "target": str(target_dir),
-                "limit": limit}
+                "limit": limit, "counterpart": counterpart, "counterpart_params": counterpart_params}
     summary = summarize(records, baseline, settings, skipped)
     if method == "hf_prompt_lookup":
         summary["draft_shape"] = f"chain k={params.get('prompt_lookup_num_tokens', 10)}"
     else:
         summary["draft_shape"] = getattr(proposer, "draft_shape", None)
+    if counterpart is not None:
+        summary["same_run"] = same_run_comparison(records, other_records, counterpart)
     write_jsonl(out_records, records)
     write_json(out_summary, summary)
     return summary
+
+
+def same_run_comparison(records: list[dict], other: list[dict], counterpart: str) -> dict:
+    """Counterpart arm vs this arm, timed alternately in one process on the same prompts."""
+    wall, other_wall = sum(r["wall_s"] for r in records), sum(r["wall_s"] for r in other)
+    new, other_new = sum(r["new_tokens"] for r in records), sum(r["new_tokens"] for r in other)
+    return {
+        "counterpart": counterpart,
+        "wall_s": wall,
+        "counterpart_wall_s": other_wall,
+        "throughput_tok_s": new / wall,
+        "counterpart_throughput_tok_s": other_new / other_wall,
+        # > 1: the counterpart (ours) is faster than this arm (the peer)
+        "counterpart_speedup": wall / other_wall,
+        "counterpart_median_prompt_speedup": statistics.median(
+            r["wall_s"] / o["wall_s"] for r, o in zip(records, other)),
+        "same_outputs": sum(r["output_ids"] == o["output_ids"] for r, o in zip(records, other)),
+    }
