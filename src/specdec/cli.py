@@ -86,6 +86,18 @@ def cmd_bench_torch(a):
     print(json.dumps({k: s.get(k) for k in keys}))
 
 
+def cmd_bench_vllm(a):
+    from .backends.vllm_bench import bench_vllm
+    s = bench_vllm(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, method=a.method,
+                   variant=a.variant, params=a.params, mode=a.mode, out_records=a.out_records,
+                   out_summary=a.out_summary, baseline_path=a.baseline, limit=a.limit,
+                   max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype,
+                   max_num_seqs=a.max_num_seqs, gpu_memory_utilization=a.gpu_memory_utilization,
+                   max_model_len=a.max_model_len)
+    keys = ("throughput_tok_s", "speedup", "acceptance_rate", "tau", "matches_baseline", "error")
+    print(json.dumps({k: s.get(k) for k in keys}))
+
+
 def cmd_report(a):
     from .report.tables import write_report
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme)
@@ -157,6 +169,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)
+
+    s = sub.add_parser("bench-vllm", help="benchmark one method through vLLM (serial or batched)")
+    s.add_argument("--target", required=True)
+    s.add_argument("--prompts", required=True)
+    s.add_argument("--dataset", required=True)
+    s.add_argument("--method", required=True)
+    s.add_argument("--variant")
+    s.add_argument("--params", type=_json, default={})
+    s.add_argument("--mode", choices=["serial", "batched"], required=True)
+    s.add_argument("--baseline")
+    s.add_argument("--limit", type=int)
+    s.add_argument("--max-new-tokens", type=int, required=True)
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--max-num-seqs", type=int, required=True)
+    s.add_argument("--gpu-memory-utilization", type=float, required=True)
+    s.add_argument("--max-model-len", type=int, required=True)
+    s.add_argument("--out-records", required=True)
+    s.add_argument("--out-summary", required=True)
+    s.set_defaults(func=cmd_bench_vllm)
 
     s = sub.add_parser("report", help="tables, plots and the README section from summaries")
     s.add_argument("--summaries", nargs="+", required=True)

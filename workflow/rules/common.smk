@@ -28,6 +28,12 @@ CORE_SOURCES = sorted(str(p) for p in (SRC / "core").glob("*.py")) + [
     str(SRC / "models.py"),
     str(SRC / "data" / "records.py"),
 ]
+# the vLLM backend's own code (it maps our method parameters to vLLM's speculative_config)
+VLLM_SOURCES = [
+    str(SRC / "backends" / "vllm_bench.py"),
+    str(SRC / "core" / "metrics.py"),
+    str(SRC / "data" / "records.py"),
+]
 PEER_SOURCES = {
     "hf_generate": [str(SRC / "backends" / "hf_generate.py")],
     "hf_prompt_lookup": [str(SRC / "backends" / "hf_generate.py")],
@@ -91,6 +97,28 @@ def torch_method_summaries():
                 for variant in spec["variants"]:
                     out.append(f"results/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")
     return out
+
+
+def vllm_summaries():
+    v = config.get("vllm")
+    if not v:
+        return []
+    out = []
+    for mode in v["modes"]:
+        for dataset in v["datasets"]:
+            out.append(f"results/vllm/{mode}/{dataset}/baseline.summary.json")
+            for method in v["methods"]:
+                if dataset in config["methods"][method]["datasets"]:
+                    for variant in config["methods"][method]["variants"]:
+                        out.append(f"results/vllm/{mode}/{dataset}/{method}-{variant}.summary.json")
+    return out
+
+
+def vllm_engine_args(wildcards):
+    v = config["vllm"]
+    return (f"--max-num-seqs {v['modes'][wildcards.mode]['max_num_seqs']} --dtype {v['dtype']}"
+            f" --gpu-memory-utilization {v['gpu_memory_utilization']} --max-model-len {v['max_model_len']}"
+            f" --warmup {v['modes'][wildcards.mode]['warmup_prompts']}")
 
 
 def method_params(wildcards):

@@ -3,7 +3,7 @@
 
 rule report:
     input:
-        summaries=torch_method_summaries(),
+        summaries=torch_method_summaries() + vllm_summaries(),
         code=[str(SRC / "report" / "tables.py"), str(SRC / "report" / "plots.py")],
     output:
         tables="results/tables.md",

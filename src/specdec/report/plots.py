@@ -10,7 +10,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def _label(s: dict) -> str:
-    return f"{s['method']} ({s['settings']['dtype']})"
+    st = s["settings"]
+    where = f"vLLM {st['mode']}" if st["backend"] == "vllm" else "torch"
+    return f"{s['method']} ({where}, {st['dtype']})"
 
 
 def _bars(summaries, key, title, ylabel, path, baseline_line=None):
@@ -18,7 +20,7 @@ def _bars(summaries, key, title, ylabel, path, baseline_line=None):
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4.2), squeeze=False)
     for ax, ds in zip(axes[0], datasets):
         rows = [s for s in summaries if s["dataset"] == ds and s.get(key) is not None]
-        rows.sort(key=lambda s: (s["settings"]["dtype"], s["method"]))
+        rows.sort(key=lambda s: (_label(s).split("(")[1], s["method"]))
         ax.bar(range(len(rows)), [s[key] for s in rows], color="tab:blue")
         ax.set_xticks(range(len(rows)), [_label(s) for s in rows], rotation=60, ha="right", fontsize=8)
         if baseline_line is not None:

