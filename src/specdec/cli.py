@@ -103,6 +103,21 @@ def cmd_report(a):
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme)
 
 
+def add_bench_args(s: argparse.ArgumentParser, dtype: str) -> None:
+    """What both benchmark backends take: the target, the prompts, one method and its settings."""
+    s.add_argument("--target", required=True)
+    s.add_argument("--prompts", required=True)
+    s.add_argument("--dataset", required=True)
+    s.add_argument("--method", required=True)
+    s.add_argument("--variant")
+    s.add_argument("--params", type=_json, default={})
+    s.add_argument("--baseline")
+    s.add_argument("--limit", type=int)
+    s.add_argument("--max-new-tokens", type=int, required=True)
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--dtype", default=dtype)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdec", description=__doc__)
     sub = p.add_subparsers(dest="verb", required=True)
@@ -151,17 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_wiki_set)
 
     s = sub.add_parser("bench-torch", help="benchmark one method with the PyTorch loop")
-    s.add_argument("--target", required=True)
-    s.add_argument("--prompts", required=True)
-    s.add_argument("--dataset", required=True)
-    s.add_argument("--method", required=True)
-    s.add_argument("--variant")
-    s.add_argument("--params", type=_json, default={})
-    s.add_argument("--baseline")
-    s.add_argument("--limit", type=int)
-    s.add_argument("--max-new-tokens", type=int, required=True)
-    s.add_argument("--warmup", type=int, default=1)
-    s.add_argument("--dtype", default="float32")
+    add_bench_args(s, dtype="float32")
     s.add_argument("--device", default="cpu")
     s.add_argument("--threads", type=int, default=0)
     s.add_argument("--counterpart", help="also time this arm (baseline or a method), interleaved")
@@ -171,18 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_bench_torch)
 
     s = sub.add_parser("bench-vllm", help="benchmark one method through vLLM (serial or batched)")
-    s.add_argument("--target", required=True)
-    s.add_argument("--prompts", required=True)
-    s.add_argument("--dataset", required=True)
-    s.add_argument("--method", required=True)
-    s.add_argument("--variant")
-    s.add_argument("--params", type=_json, default={})
+    add_bench_args(s, dtype="bfloat16")
     s.add_argument("--mode", choices=["serial", "batched"], required=True)
-    s.add_argument("--baseline")
-    s.add_argument("--limit", type=int)
-    s.add_argument("--max-new-tokens", type=int, required=True)
-    s.add_argument("--warmup", type=int, default=1)
-    s.add_argument("--dtype", default="bfloat16")
     s.add_argument("--max-num-seqs", type=int, required=True)
     s.add_argument("--gpu-memory-utilization", type=float, required=True)
     s.add_argument("--max-model-len", type=int, required=True)
