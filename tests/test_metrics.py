@@ -6,7 +6,7 @@ from specdec.core.metrics import acceptance_stats, attach_baseline, first_diverg
 def rec(i, wall, ttft, new, drafted=None, accepted=None, out=None):
     return make_record(id=i, dataset="d", method="m", prompt_tokens=10, new_tokens=new, wall_s=wall,
                        ttft_s=ttft, draft_s=0.0, steps=len(drafted) if drafted else None,
-                       drafted=drafted, accepted=accepted, output_ids=out or [1] * new,
+                       drafted=drafted, accepted=accepted, draft_depth=None, output_ids=out or [1] * new,
                        matches_baseline=None, first_divergence=None)
 
 
@@ -48,3 +48,10 @@ def test_record_schema_is_enforced():
 def test_missing_baseline_record_is_an_error():
     with pytest.raises(ValueError, match="no baseline record"):
         attach_baseline([rec("z", 1, 0, 1)], [rec("a", 1, 0, 1)])
+
+
+def test_per_position_acceptance_of_a_tree_runs_to_its_depth():
+    # 12-node trees of depth 3: three positions, not twelve
+    s = acceptance_stats([12, 12, 12, 12], [3, 1, 0, 2], depth=[3, 3, 3, 3])
+    assert s["acceptance_by_position"] == [0.75, 0.5, 0.25]
+    assert s["acceptance_rate"] == 6 / 48 and s["tau"] == (6 + 4) / 4

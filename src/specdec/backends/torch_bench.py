@@ -38,6 +38,7 @@ def _record(p: dict, r, dataset: str, label: str) -> dict:
         new_tokens=len(r.output_ids), wall_s=r.wall_s, ttft_s=r.ttft_s, draft_s=r.draft_s,
         steps=len(r.drafted) if r.drafted is not None else None,
         drafted=r.drafted, accepted=r.accepted, output_ids=r.output_ids,
+        draft_depth=r.depth if r.drafted is not None else None,
         matches_baseline=None, first_divergence=None)
 
 

@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 
 from .target import TargetModel
-from .tree import is_chain
+from .tree import depths, is_chain
 from .verify import verify_chain, verify_tree
 
 
@@ -66,6 +66,7 @@ class DecodeResult:
     draft_s: float
     drafted: list[int] = field(default_factory=list)   # draft tokens per verification step
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per step
+    depth: list[int] = field(default_factory=list)     # draft depth per step (chain: its length)
 
 
 def _argmax(logits: torch.Tensor) -> list[int]:
@@ -123,6 +124,7 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
                 emitted = emitted[: j + 1]
                 break
         res.drafted.append(len(draft) if draft else 0)
+        res.depth.append((len(draft) if chain else max(depths(parents))) if draft else 0)
         res.accepted.append(min(path_len - 1, len(emitted)) if draft else 0)
         out.extend(emitted)
         ids.extend(emitted)

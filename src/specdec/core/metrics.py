@@ -26,6 +26,7 @@ RECORD_FIELDS = (
     "steps",            # target verification forwards after the prefill
     "drafted",          # draft tokens per step (list) or None
     "accepted",         # accepted draft tokens per step (list) or None
+    "draft_depth",      # depth of each step's draft (its length for a chain; a tree's longest path) or None
     "output_ids",
     "matches_baseline",  # output_ids == the shared baseline's, token for token (None if no baseline)
     "first_divergence",  # first differing output index, or None
@@ -64,13 +65,15 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
-def acceptance_stats(drafted: list[int], accepted: list[int]) -> dict:
-    """Acceptance over the steps of one or many prompts (flat lists of per-step counts)."""
+def acceptance_stats(drafted: list[int], accepted: list[int], depth: list[int] | None = None) -> dict:
+    """Acceptance over the steps of one or many prompts (flat lists of per-step counts).
+    Positions run to the deepest draft (a tree of 31 nodes and depth 4 has 4 positions)."""
     steps = len(drafted)
+    depth = depth if depth is not None else drafted
     draft_steps = [(d, a) for d, a in zip(drafted, accepted) if d > 0]
     total_d = sum(d for d, _ in draft_steps)
     total_a = sum(a for _, a in draft_steps)
-    max_d = max((d for d, _ in draft_steps), default=0)
+    max_d = max((x for x, d in zip(depth, drafted) if d > 0), default=0)
     per_pos = [sum(1 for _, a in draft_steps if a > i) / len(draft_steps) for i in range(max_d)] \
         if draft_steps else []
     return {
@@ -107,8 +110,10 @@ def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
         "draft_s": sum(r["draft_s"] for r in records) if all(r["draft_s"] is not None for r in records) else None,
     }
     if all(r["drafted"] is not None for r in records):
+        depth = [x for r in records for x in r["draft_depth"]] \
+            if all(r["draft_depth"] is not None for r in records) else None
         s.update(acceptance_stats([d for r in records for d in r["drafted"]],
-                                  [a for r in records for a in r["accepted"]]))
+                                  [a for r in records for a in r["accepted"]], depth))
     else:
         s.update({"steps": None, "drafting_steps": None, "drafted_tokens": None, "accepted_tokens": None,
                   "acceptance_rate": None, "tau": None, "acceptance_by_position": []})
