@@ -74,6 +74,33 @@ def cmd_wiki_set(a):
     print(f"wiki: {len(recs)} prompts -> {a.out}")
 
 
+def cmd_hidden_states(a):
+    import torch
+
+    from .train.hidden import write_hidden_states
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    splits = {}
+    for item in a.split:
+        name, _, path = item.partition("=")
+        if not name or not path:
+            raise ValueError(f"--split {item!r}: expected NAME=PATH")
+        splits[name] = path
+    write_hidden_states(a.target, splits, a.taps, a.out, a.dtype, a.device, a.batch_size)
+    print(f"hidden states (taps {a.taps}) of {', '.join(splits)} -> {a.out}")
+
+
+def cmd_train(a):
+    import torch
+
+    from .methods import train_checkpoint
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    proxy = train_checkpoint(a.method, hidden_path=a.hidden, target_dir=a.target, out_dir=a.out_dir,
+                             settings=a.settings, overlap=a.overlap)
+    print(json.dumps({"eval_proxy": proxy}))
+
+
 def cmd_bench_torch(a):
     from .backends.torch_bench import bench_torch
     s = bench_torch(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, method=a.method,
@@ -100,7 +127,7 @@ def cmd_bench_vllm(a):
 
 def cmd_report(a):
     from .report.tables import write_report
-    write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme)
+    write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme, a.checkpoints)
 
 
 def add_bench_args(s: argparse.ArgumentParser, dtype: str) -> None:
@@ -165,6 +192,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_wiki_set)
 
+    s = sub.add_parser("hidden-states", help="cache the target's hidden states over the chat set")
+    s.add_argument("--target", required=True)
+    s.add_argument("--split", action="append", required=True, help="NAME=records.jsonl (repeatable)")
+    s.add_argument("--taps", type=int, nargs="+", required=True)
+    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--threads", type=int, default=0)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_hidden_states)
+
+    s = sub.add_parser("train", help="train a learned proposer's checkpoint (resumable)")
+    s.add_argument("--method", required=True)
+    s.add_argument("--hidden", required=True, help="the hidden-states artifact")
+    s.add_argument("--target", required=True)
+    s.add_argument("--settings", type=_json, default={})
+    s.add_argument("--overlap", type=int, required=True, help="train records that form the train-overlap eval set")
+    s.add_argument("--threads", type=int, default=0)
+    s.add_argument("--out-dir", required=True)
+    s.set_defaults(func=cmd_train)
+
     s = sub.add_parser("bench-torch", help="benchmark one method with the PyTorch loop")
     add_bench_args(s, dtype="float32")
     s.add_argument("--device", default="cpu")
@@ -191,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plots-dir", required=True)
     s.add_argument("--readme-section", required=True)
     s.add_argument("--readme", help="README to patch between the results markers")
+    s.add_argument("--checkpoints", nargs="*", default=[], help="config.json of trained proposers")
     s.set_defaults(func=cmd_report)
     return p
 

@@ -1,5 +1,5 @@
 """Method registry: name -> module. Each module owns everything about its method and exposes
-`build(params: dict, target) -> Proposer`. The core never imports from here."""
+`build(params: dict, target) -> Proposer`; a learned method also `train_checkpoint(...)`. The core never imports from here."""
 from __future__ import annotations
 
 import importlib
@@ -8,6 +8,8 @@ from pathlib import Path
 METHODS = {
     "ngram": "specdec.methods.ngram",
     "suffix": "specdec.methods.suffix",
+    "medusa": "specdec.methods.medusa",
+    "mtp": "specdec.methods.mtp",
 }
 
 
@@ -19,6 +21,16 @@ def build_proposer(name: str, params: dict, target=None):
         return module.build(dict(params), target)
     except TypeError as e:  # unknown/missing keyword in the method's config dataclass
         raise ValueError(f"method {name!r}: bad parameters {params}: {e}") from None
+
+
+def train_checkpoint(name: str, **kwargs) -> dict:
+    """Train a learned method's checkpoint (its module's `train_checkpoint`); returns its eval proxy."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
+    module = importlib.import_module(METHODS[name])
+    if not hasattr(module, "train_checkpoint"):
+        raise ValueError(f"method {name!r} has nothing to train")
+    return module.train_checkpoint(**kwargs)
 
 
 def source_files(name: str) -> list[Path]:

@@ -1,0 +1,250 @@
+"""Medusa-1: K future-token heads on the frozen target's last (post-norm) hidden state.
+
+Head k (1..K) reads h_t, the state from which the target predicts token t+1, and predicts token
+t+1+k:   logits_k = W_k (h_t + SiLU(A_k h_t + b_k)),   W_k initialised from the target's lm_head,
+A_k from zero (so every head starts as the target's own next-token head).
+Loss (Medusa-1, frozen backbone): sum_k decay^(k-1) * CE(logits_k, token t+1+k), over positions
+whose label is one of the target's greedy completion tokens (distillation).
+
+Inference drafts a tree of top-k candidates in one shot: a node at depth d is the r-th ranked
+token of head d. The tree's shape comes from measured accuracies, not from a constant: with
+p[k][r] = P(label of head k is its r-th ranked token) on a calibration split, a node's expected
+acceptance is the product of p along its path (Medusa's independence assumption), and the tree is
+the `max_tree_nodes` nodes of highest expected acceptance (best-first; a child never scores above
+its parent, so the chosen set always contains every chosen node's ancestors).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core.loop import Draft, StepResult
+from ..train.checkpoint import load_proposer, save_proposer
+from ..train.hidden import HiddenStates
+from ..train.loop import TrainConfig, fingerprint, finish, train
+
+METHOD = "medusa"
+
+
+@dataclass
+class MedusaTrainConfig:
+    num_heads: int = 4
+    loss_decay: float = 0.8       # weight of head k is loss_decay^(k-1)
+    calibration: str = "train"    # split whose per-rank head accuracies shape the tree
+    max_rank: int = 10            # ranks whose accuracy is measured (>= any tree_topk used)
+    train_lm_head: bool = True    # False: every head keeps the target's LM head (frozen, shared)
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, num_heads: int, hidden_size: int, vocab_size: int):
+        super().__init__()
+        self.res = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
+        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+
+    def init_from_target(self, lm_head_weight: torch.Tensor) -> None:
+        for res, head in zip(self.res, self.lm_heads):
+            nn.init.zeros_(res.weight)
+            nn.init.zeros_(res.bias)
+            head.weight.data.copy_(lm_head_weight)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h (..., hidden) -> logits (K, ..., vocab)."""
+        return torch.stack([head(h + F.silu(res(h))) for res, head in zip(self.res, self.lm_heads)])
+
+
+# ---- training ---------------------------------------------------------------------------------
+def head_examples(seqs, tap: int, norm: nn.Module, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(post-norm h_t, labels (t+2 .. t+1+K)) for every position t whose next token is a
+    completion token; labels past the end of the sequence, or still in the prompt, are -100."""
+    xs, ys = [], []
+    for s in seqs:
+        n, p = len(s.ids), s.prompt_len
+        t = torch.arange(p - 1, n - 1)  # h_t predicts a completion token at t+1
+        if len(t) == 0:
+            continue
+        with torch.no_grad():
+            xs.append(norm(s.taps[tap][t].float()))
+        lab = torch.full((len(t), num_heads), -100, dtype=torch.long)
+        for k in range(1, num_heads + 1):
+            j = t + 1 + k
+            ok = j < n
+            lab[ok, k - 1] = s.ids[j[ok]]
+        ys.append(lab)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def medusa_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float) -> tuple[torch.Tensor, list[float]]:
+    """logits (K, N, V), labels (N, K) -> weighted CE and top-1 accuracy per head."""
+    total, accs = logits.new_zeros(()), []
+    for k in range(logits.shape[0]):
+        y = labels[:, k]
+        valid = y != -100
+        if valid.any():
+            total = total + decay ** k * F.cross_entropy(logits[k][valid], y[valid])
+            accs.append((logits[k][valid].argmax(-1) == y[valid]).float().mean().item())
+        else:
+            accs.append(float("nan"))
+    return total, accs
+
+
+@torch.no_grad()
+def rank_accuracy(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, max_rank: int,
+                  chunk: int = 512) -> list[list[float]]:
+    """p[k][r] = fraction of positions whose head-k label is exactly head k's r-th ranked token."""
+    K = len(heads.res)
+    hits = torch.zeros(K, max_rank)
+    count = torch.zeros(K)
+    for a in range(0, len(x), chunk):
+        logits = heads(x[a:a + chunk])
+        top = logits.topk(max_rank, dim=-1).indices  # (K, n, R)
+        for k in range(K):
+            lab = y[a:a + chunk, k]
+            valid = lab != -100
+            hits[k] += (top[k][valid] == lab[valid, None]).float().sum(0)
+            count[k] += valid.sum()
+    return (hits / count.clamp(min=1)[:, None]).tolist()
+
+
+def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int) -> dict:
+    from ..models import load_causal_lm
+    tcfg = TrainConfig(**settings.get("train", {}))
+    mcfg = MedusaTrainConfig(**settings.get("medusa", {}))
+    target = load_causal_lm(target_dir, "float32")
+    hs = HiddenStates(hidden_path)
+    hs.check_target(target.config)
+    tap = target.config.num_hidden_layers
+    norm = target.model.norm
+    train_seqs = hs.split("train", [tap])
+    x, y = head_examples(train_seqs, tap, norm, mcfg.num_heads)
+    torch.manual_seed(tcfg.seed)
+    heads = MedusaHeads(mcfg.num_heads, target.config.hidden_size, target.config.vocab_size)
+    heads.init_from_target(target.lm_head.weight.detach())
+    if not mcfg.train_lm_head:
+        for head in heads.lm_heads:
+            head.weight.requires_grad_(False)
+    gen = torch.Generator().manual_seed(tcfg.seed)
+    order = torch.randperm(len(x), generator=gen)
+
+    dtype = getattr(torch, tcfg.dtype)
+    heads.to(dtype)
+    x = x.to(dtype)
+
+    def loss_fn(module, step):
+        # epochs of shuffled positions
+        a = (step * tcfg.batch_size) % len(x)
+        idx = order[a:a + tcfg.batch_size]
+        loss, accs = medusa_loss(module(x[idx]).float(), y[idx], mcfg.loss_decay)
+        return loss, {f"acc_head{k + 1}": acc for k, acc in enumerate(accs)}
+
+    run_id = fingerprint(asdict(tcfg), asdict(mcfg), hs.meta, len(x))
+    print(f"medusa: {mcfg.num_heads} heads, {len(x)} training positions, {tcfg.steps} steps of {tcfg.batch_size}")
+    log = train(heads, loss_fn, tcfg, out_dir, run_id, desc="medusa")
+
+    # eval proxy: per-rank accuracy on the train-overlap slice and the held-out split
+    evals = {"overlap": train_seqs[:overlap], "heldout": hs.split("heldout", [tap])}
+    if mcfg.calibration == "train":
+        evals["train"] = train_seqs
+    elif mcfg.calibration not in evals:
+        raise ValueError(f"medusa.calibration must be train, overlap or heldout, not {mcfg.calibration!r}")
+    rank_acc = {}
+    for name, seqs in evals.items():
+        ex, ey = head_examples(seqs, tap, norm, mcfg.num_heads)
+        rank_acc[name] = rank_accuracy(heads, ex.to(dtype), ey, mcfg.max_rank)
+    eval_proxy = {name: {"top1_accuracy_per_head": [r[0] for r in acc],
+                         "top5_accuracy_per_head": [sum(r[:5]) for r in acc]} for name, acc in rank_acc.items()}
+    save_proposer(out_dir, METHOD, {**asdict(mcfg), "hidden_size": target.config.hidden_size,
+                                    "vocab_size": target.config.vocab_size},
+                  {k: v.float() for k, v in heads.state_dict().items()}, target.config,
+                  extra={"rank_accuracy": rank_acc, "calibration": mcfg.calibration,
+                         "train": asdict(tcfg), "train_seconds": log[-1]["elapsed_s"], "eval_proxy": eval_proxy, "train_log": log})
+    finish(out_dir)
+    return eval_proxy
+
+
+# ---- the tree ---------------------------------------------------------------------------------
+def choose_tree(rank_acc: list[list[float]], draft_len: int, tree_topk: int,
+                max_tree_nodes: int) -> tuple[list[tuple[int, ...]], float]:
+    """Best-first selection of rank paths by expected acceptance (product of per-head rank
+    accuracies). Returns the chosen paths in selection order (parents before children) and the
+    expected number of accepted draft tokens per step (the sum of their scores)."""
+    depth_max = min(draft_len, len(rank_acc))
+    if depth_max < 1 or tree_topk < 1 or max_tree_nodes < 1:
+        raise ValueError("medusa tree needs draft_len, tree_topk and max_tree_nodes >= 1")
+    if tree_topk > len(rank_acc[0]):
+        raise ValueError(f"tree_topk {tree_topk} > ranks measured in the checkpoint ({len(rank_acc[0])})")
+    heap = [(-rank_acc[0][r], (r,)) for r in range(tree_topk)]
+    heapq.heapify(heap)
+    chosen, expected = [], 0.0
+    while heap and len(chosen) < max_tree_nodes:
+        neg, path = heapq.heappop(heap)
+        chosen.append(path)
+        expected += -neg
+        if len(path) < depth_max:
+            for r in range(tree_topk):
+                heapq.heappush(heap, (neg * rank_acc[len(path)][r], path + (r,)))
+    return chosen, expected
+
+
+def tree_template(paths: list[tuple[int, ...]]) -> tuple[list[int], list[int], list[int]]:
+    """Rank paths -> (depth-1 head index, rank, parent) per node; parent -1 is the pending token."""
+    index = {p: i for i, p in enumerate(paths)}
+    heads = [len(p) - 1 for p in paths]
+    ranks = [p[-1] for p in paths]
+    parents = [index[p[:-1]] if len(p) > 1 else -1 for p in paths]
+    return heads, ranks, parents
+
+
+# ---- inference --------------------------------------------------------------------------------
+@dataclass
+class MedusaConfig:
+    checkpoint: str
+    draft_len: int = 4
+    tree_topk: int = 5
+    max_tree_nodes: int = 31
+
+
+class MedusaProposer:
+    def __init__(self, cfg: MedusaConfig, target):
+        self.cfg = cfg
+        meta, state = load_proposer(cfg.checkpoint, METHOD, target.config)
+        K = meta["config"]["num_heads"]
+        dtype, device = target.dtype, target.device
+        self.norm = target.model.model.norm
+        self.tap_layers = (target.num_layers,)
+        # the K heads as stacked tensors: one batched matmul per step instead of K
+        self.res_w = torch.stack([state[f"res.{k}.weight"] for k in range(K)]).to(device, dtype)
+        self.res_b = torch.stack([state[f"res.{k}.bias"] for k in range(K)]).to(device, dtype)
+        self.lm_w = torch.stack([state[f"lm_heads.{k}.weight"] for k in range(K)]).to(device, dtype)
+        rank_acc = meta["rank_accuracy"][meta["calibration"]]
+        paths, self.expected_accepted = choose_tree(rank_acc, cfg.draft_len, cfg.tree_topk, cfg.max_tree_nodes)
+        self.node_head, self.node_rank, self.parents = tree_template(paths)
+        self.depth = max(self.node_head) + 1
+        self._head = torch.tensor(self.node_head, device=device)
+        self._rank = torch.tensor(self.node_rank, device=device)
+        self.draft_shape = (f"tree {len(paths)} nodes, depth {self.depth}, top-{cfg.tree_topk}, "
+                            f"expected {self.expected_accepted:.2f} accepted/step ({meta['calibration']} calibration)")
+        self._h = None
+
+    def start(self, prompt_ids, hidden) -> None:
+        self._h = self.norm(hidden[self.tap_layers[0]][-1])
+
+    def observe(self, step: StepResult) -> None:
+        self._h = self.norm(step.hidden[self.tap_layers[0]][-1])  # state of the last accepted node
+
+    def propose(self, ids: list[int]) -> Draft | None:
+        h = self._h[None, :]                                        # (1, H)
+        r = h + F.silu(torch.baddbmm(self.res_b[:, None], h.expand(len(self.res_w), 1, -1),
+                                     self.res_w.transpose(1, 2)))  # (K, 1, H)
+        logits = torch.bmm(r[: self.depth], self.lm_w[: self.depth].transpose(1, 2))[:, 0]  # (depth, V)
+        top = logits.topk(self.cfg.tree_topk, dim=-1).indices       # (depth, topk)
+        tokens = top[self._head, self._rank].tolist()              # node -> its head's ranked token
+        return Draft(tokens, self.parents)
+
+
+def build(params: dict, target) -> MedusaProposer:
+    return MedusaProposer(MedusaConfig(**params), target)

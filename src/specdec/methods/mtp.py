@@ -1,0 +1,233 @@
+"""DeepSeek-V3-style multi-token prediction (MTP) modules on the frozen target, in the layout of
+vLLM's MiMo MTP (`model.mtp_layers.{k}.*`, see vllm/model_executor/models/mimo_mtp.py).
+
+Module k (1..K) at position j reads the previous state and the embedding of the token k ahead:
+    g_j^k = final_norm( Block( input_proj[ hidden_norm(g_j^(k-1)) ; token_norm(E x_(j+k)) ] ) )
+with g^0 = the target's last hidden state (pre-norm, as vLLM's MiMo target hands it over), Block
+one decoder layer of the target's own architecture, and the target's LM head predicting
+x_(j+k+1) from g_j^k. The embedding at position 0 is zeroed, as in vLLM. Training: CE on the
+target's greedy completion tokens (distillation), averaged over modules.
+
+Inference keeps each module's KV cache equal to what a from-scratch run over the verified
+sequence would hold. Module k is exact at positions j <= n-1-k (n tokens incl. the pending one):
+after each verification step, every newly verified position of every module is written in ONE
+forward per module (a chunk, not a token-by-token loop); the positions that depend on draft
+tokens are computed for the draft, then cropped from the cache.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core.loop import Draft, StepResult
+from ..core.target import new_cache
+from ..core.tree import tree_attention_inputs
+from ..train.checkpoint import load_proposer, save_proposer
+from ..train.hidden import HiddenStates
+from ..train.loop import TrainConfig, fingerprint, finish, train
+
+METHOD = "mtp"
+
+
+def one_layer_config(config):
+    """The target's config cut to one decoder layer: the MTP block (and its one-layer cache)."""
+    cfg = copy.deepcopy(config)
+    cfg.num_hidden_layers = 1
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:1]
+    return cfg
+
+
+class MTPLayer(nn.Module):
+    def __init__(self, config, block_cls, norm_cls):
+        super().__init__()
+        h = config.hidden_size
+        self.token_layernorm = norm_cls(h, eps=config.rms_norm_eps)
+        self.hidden_layernorm = norm_cls(h, eps=config.rms_norm_eps)
+        self.input_proj = nn.Linear(2 * h, h, bias=False)
+        self.block = block_cls(config, layer_idx=0)
+        self.final_layernorm = norm_cls(h, eps=config.rms_norm_eps)
+
+    def forward(self, prev, emb, position_ids, position_embeddings, attention_mask=None, cache=None):
+        emb = torch.where(position_ids[..., None] == 0, 0, emb)  # vLLM masks position 0
+        x = self.input_proj(torch.cat([self.hidden_layernorm(prev), self.token_layernorm(emb)], dim=-1))
+        x = self.block(x, attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=cache, use_cache=cache is not None,
+                       position_embeddings=position_embeddings)
+        return self.final_layernorm(x)
+
+
+class MTP(nn.Module):
+    """K modules. The embedding, rotary embedding and LM head are the target's (not stored)."""
+
+    def __init__(self, config, num_modules: int, block_cls, norm_cls):
+        super().__init__()
+        self.layer_config = one_layer_config(config)
+        self.layers = nn.ModuleList(MTPLayer(self.layer_config, block_cls, norm_cls) for _ in range(num_modules))
+
+    @classmethod
+    def for_target(cls, model, num_modules: int) -> "MTP":
+        base = model.model
+        return cls(model.config, num_modules, type(base.layers[0]), type(base.norm))
+
+    def init_from_target(self, model) -> None:
+        """Block from the target's last decoder layer, final norm from the target's final norm."""
+        for layer in self.layers:
+            layer.block.load_state_dict(model.model.layers[-1].state_dict())
+            layer.final_layernorm.load_state_dict(model.model.norm.state_dict())
+
+
+# ---- training ---------------------------------------------------------------------------------
+@dataclass
+class MTPTrainConfig:
+    num_modules: int = 1
+
+
+def pad_batch(seqs, tap: int, dtype=torch.float32):
+    n = max(len(s.ids) for s in seqs)
+    ids = torch.zeros(len(seqs), n, dtype=torch.long)
+    h = torch.zeros(len(seqs), n, seqs[0].taps[tap].shape[-1], dtype=dtype)
+    label_ok = torch.zeros(len(seqs), n, dtype=torch.bool)  # position holds a completion token
+    for b, s in enumerate(seqs):
+        ids[b, :len(s.ids)] = s.ids
+        h[b, :len(s.ids)] = s.taps[tap].to(dtype)
+        label_ok[b, s.prompt_len:len(s.ids)] = True
+    return ids, h, label_ok
+
+
+def mtp_forward_train(mtp: MTP, model, ids, h, label_ok):
+    """Every module over whole padded sequences (causal attention, no cache).
+    Returns per module (logits of labelled positions, labels)."""
+    base = model.model
+    n = ids.shape[1]
+    prev, out = h, []
+    for k, layer in enumerate(mtp.layers, start=1):
+        m = n - k                                   # module k runs positions 0..n-k-1
+        pos = torch.arange(m)[None].expand(len(ids), -1)
+        g = layer(prev[:, :m], base.embed_tokens(ids[:, k:]), pos, base.rotary_emb(prev, pos))
+        ok = label_ok[:, k + 1:]                    # label of position j is x_(j+k+1)
+        out.append((model.lm_head(g[:, :m - 1][ok]), ids[:, k + 1:][ok]))
+        prev = g
+    return out
+
+
+def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int) -> dict:
+    from ..models import load_causal_lm
+    tcfg = TrainConfig(**settings.get("train", {}))
+    mcfg = MTPTrainConfig(**settings.get("mtp", {}))
+    model = load_causal_lm(target_dir, tcfg.dtype)  # the frozen embedding / LM head, in the compute dtype
+    for p in model.parameters():
+        p.requires_grad_(False)
+    hs = HiddenStates(hidden_path)
+    hs.check_target(model.config)
+    tap = model.config.num_hidden_layers
+    train_seqs = hs.split("train", [tap])
+    torch.manual_seed(tcfg.seed)  # initialisation is part of the run: a rerun starts identically
+    mtp = MTP.for_target(model, mcfg.num_modules)
+    mtp.init_from_target(model)
+    dtype = getattr(torch, tcfg.dtype)
+    mtp.to(dtype)
+    gen = torch.Generator().manual_seed(tcfg.seed)
+    order = torch.randperm(len(train_seqs), generator=gen).tolist()
+
+    def loss_fn(module, step):
+        a = (step * tcfg.batch_size) % len(order)
+        batch = [train_seqs[i] for i in (order + order)[a:a + tcfg.batch_size]]
+        outs = mtp_forward_train(module, model, *pad_batch(batch, tap, dtype))
+        losses = [F.cross_entropy(lg.float(), y) for lg, y in outs]
+        metrics = {f"acc_module{k + 1}": (lg.argmax(-1) == y).float().mean().item()
+                   for k, (lg, y) in enumerate(outs)}
+        return sum(losses) / len(losses), metrics
+
+    run_id = fingerprint(asdict(tcfg), asdict(mcfg), hs.meta, len(train_seqs))
+    print(f"mtp: {mcfg.num_modules} module(s), {len(train_seqs)} sequences, {tcfg.steps} steps of {tcfg.batch_size}")
+    log = train(mtp, loss_fn, tcfg, out_dir, run_id, desc=f"mtp x{mcfg.num_modules}")
+
+    eval_proxy = {}
+    with torch.no_grad():
+        for name, seqs in (("overlap", train_seqs[:overlap]), ("heldout", hs.split("heldout", [tap]))):
+            hits = [[0, 0] for _ in mtp.layers]
+            for a in range(0, len(seqs), tcfg.batch_size):
+                for k, (lg, y) in enumerate(mtp_forward_train(mtp, model, *pad_batch(seqs[a:a + tcfg.batch_size], tap, dtype))):
+                    hits[k][0] += (lg.argmax(-1) == y).sum().item()
+                    hits[k][1] += len(y)
+            eval_proxy[name] = {"accuracy_per_module": [h / max(1, c) for h, c in hits]}
+    state = {k: v.float() for k, v in mtp.state_dict().items()}
+    save_proposer(out_dir, METHOD, {**asdict(mcfg), "hidden_size": model.config.hidden_size,
+                                    "vocab_size": model.config.vocab_size},
+                  state, model.config, extra={"train": asdict(tcfg), "train_seconds": log[-1]["elapsed_s"], "eval_proxy": eval_proxy, "train_log": log})
+    finish(out_dir)
+    return eval_proxy
+
+
+def load_mtp(ckpt_dir: str, model) -> MTP:
+    meta, state = load_proposer(ckpt_dir, METHOD, model.config)
+    mtp = MTP.for_target(model, meta["config"]["num_modules"])
+    mtp.load_state_dict(state)
+    return mtp
+
+
+# ---- inference --------------------------------------------------------------------------------
+@dataclass
+class MTPConfig:
+    checkpoint: str
+    num_speculative_steps: int | None = None  # draft tokens per step; default: one per module
+
+
+class MTPProposer:
+    def __init__(self, cfg: MTPConfig, target):
+        model = target.model
+        self.mtp = load_mtp(cfg.checkpoint, model).to(target.device, target.dtype).eval()
+        K = len(self.mtp.layers)
+        self.steps = cfg.num_speculative_steps or K
+        if not 1 <= self.steps <= K:
+            raise ValueError(f"mtp: num_speculative_steps {self.steps} needs 1..{K} modules (checkpoint {cfg.checkpoint})")
+        self.base, self.lm_head = model.model, model.lm_head
+        self.dtype, self.device = target.dtype, target.device
+        self.tap_layers = (target.num_layers,)
+        self.draft_shape = f"chain {self.steps} (MTP modules)"
+
+    def start(self, prompt_ids, hidden) -> None:
+        self.caches = [new_cache(self.mtp.layer_config) for _ in range(self.steps)]
+        self.committed = [0] * self.steps               # exact positions in each module's cache
+        self.queue = [hidden[self.tap_layers[0]]] + [None] * (self.steps - 1)  # verified inputs not yet run
+
+    def observe(self, step: StepResult) -> None:
+        # the target's states of [old pending, *accepted]: module 1's inputs for those positions
+        self.queue[0] = torch.cat([self.queue[0], step.hidden[self.tap_layers[0]]])
+
+    def _run(self, k: int, rows: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        c = self.committed[k]
+        mask, pos = tree_attention_inputs(list(range(-1, len(tokens) - 1)), c, self.dtype, self.device)
+        emb = self.base.embed_tokens(torch.tensor([tokens], device=self.device))
+        return self.mtp.layers[k](rows[None], emb, pos, self.base.rotary_emb(emb, pos), mask, self.caches[k])[0]
+
+    def propose(self, ids: list[int]) -> Draft:
+        n = len(ids)                  # positions 0..n-1; n-1 is the pending token
+        seq = list(ids)
+        spec = None                   # outputs of the previous module at draft-dependent positions
+        for k in range(self.steps):   # module k+1 at position j reads token j+k+1, predicts j+k+2
+            c, exact = self.committed[k], self.queue[k]
+            rows = exact if spec is None else torch.cat([exact, spec])  # inputs of positions c..n-2
+            out = self._run(k, rows, seq[c + k + 1: n + k])
+            seq.append(int(self.lm_head(out[-1]).argmax()))  # draft token n+k, from position n-2
+            # this module is draft-free at positions j <= n-2-k: keep those, crop the rest
+            keep = n - 1 - k - c
+            if keep < len(rows):
+                self.caches[k].crop(keep - len(rows))  # negative: drop that many from the end
+            self.committed[k] = c + keep
+            self.queue[k] = exact[keep:]  # exact inputs of the cropped positions: rerun next step
+            if k + 1 < self.steps:
+                # the next module's inputs: exact up to n-2-k, the rest depends on this step's drafts
+                done = out[:keep]
+                self.queue[k + 1] = done if self.queue[k + 1] is None else torch.cat([self.queue[k + 1], done])
+                spec = out[keep:]
+        return Draft.chain(seq[n:])
+
+
+def build(params: dict, target) -> MTPProposer:
+    return MTPProposer(MTPConfig(**params), target)

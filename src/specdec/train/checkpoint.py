@@ -1,0 +1,51 @@
+"""The checkpoint format of every learned proposer: `model.safetensors` (the proposer's own
+weights), `config.json` ({"method", "config", "target": {name, hidden_size, vocab_size}, ...})
+and `manifest.json`, written last, which marks the checkpoint complete (the DAG's target file).
+Loading refuses a checkpoint made for another method or a target of another shape."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..data.records import write_json
+
+
+class CheckpointMismatch(ValueError):
+    pass
+
+
+def target_signature(config) -> dict:
+    return {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
+            "num_layers": config.num_hidden_layers, "model_type": config.model_type}
+
+
+def save_proposer(out_dir: str, method: str, settings: dict, state: dict[str, torch.Tensor],
+                  target_config, extra: dict | None = None) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, out / "model.safetensors")
+    cfg = {"method": method, "config": settings, "target": target_signature(target_config), **(extra or {})}
+    write_json(out / "config.json", cfg)
+    write_json(out / "manifest.json", {"method": method, "files": ["model.safetensors", "config.json"]})
+
+
+def load_proposer(ckpt_dir: str, method: str, target_config) -> tuple[dict, dict[str, torch.Tensor]]:
+    """-> (config.json contents, state dict), after checking it was made for this method and a
+    target of this shape; a mismatch names the field and both values."""
+    d = Path(ckpt_dir)
+    for name in ("manifest.json", "config.json", "model.safetensors"):
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"{d}: {method} checkpoint is missing {name}")
+    cfg = json.loads((d / "config.json").read_text())
+    if cfg.get("method") != method:
+        raise CheckpointMismatch(f"{d}: checkpoint is for method {cfg.get('method')!r}, not {method!r}")
+    want = target_signature(target_config)
+    for field in ("hidden_size", "vocab_size"):
+        have = cfg.get("target", {}).get(field)
+        if have != want[field]:
+            raise CheckpointMismatch(f"{d}/config.json: target.{field} is {have} but the target model's "
+                                     f"{field} is {want[field]}")
+    return cfg, load_file(d / "model.safetensors")

@@ -1,0 +1,262 @@
+"""Medusa-1 and MTP on tiny random targets: training, tree, caches, lossless, checkpoints."""
+import json
+import random
+
+import pytest
+import torch
+
+from conftest import tiny_llama, tiny_qwen2
+from specdec.core.loop import decode
+from specdec.core.target import TargetModel
+from specdec.core.tree import root_paths
+from specdec.data.records import write_jsonl
+from specdec.methods import build_proposer
+from specdec.methods import medusa, mtp
+from specdec.train.checkpoint import CheckpointMismatch
+from specdec.train.hidden import HiddenStates, write_hidden_states
+
+EOS = {2}
+FAST = {"steps": 40, "batch_size": 8, "lr": 3e-3, "warmup_steps": 2, "save_every": 15, "log_every": 1}
+
+
+def greedy(model, prompt, n):
+    with torch.inference_mode():
+        return decode(TargetModel(model), prompt, n, set()).output_ids
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def trained(request, tmp_path_factory):
+    """A tiny target saved as a checkpoint, a distillation set of its own greedy completions,
+    the hidden-state artifact, and Medusa / MTP (1 and 2 modules) checkpoints trained on it."""
+    torch.set_num_threads(1)
+    model = tiny_llama() if request.param == "llama" else tiny_qwen2()
+    root = tmp_path_factory.mktemp(request.param)
+    target_dir = root / "target"
+    model.save_pretrained(target_dir)
+    rng = random.Random(0)
+    records = []
+    for i in range(24):
+        prompt = [rng.randrange(3, 64) for _ in range(rng.randint(4, 12))]
+        records.append({"id": f"r{i}", "prompt": "", "prompt_ids": prompt, "completion_ids": greedy(model, prompt, 24)})
+    write_jsonl(root / "train.jsonl", records)
+    write_jsonl(root / "heldout.jsonl", records[:4])
+    hidden = root / "hidden.safetensors"
+    L = model.config.num_hidden_layers
+    write_hidden_states(str(target_dir), {"train": str(root / "train.jsonl"), "heldout": str(root / "heldout.jsonl")},
+                        [1, L], str(hidden), dtype="float32")
+    out = {"model": model, "root": root, "target_dir": target_dir, "hidden": hidden, "records": records}
+    out["medusa_log"] = medusa.train_checkpoint(str(hidden), str(target_dir), str(root / "medusa"),
+                                            {"train": FAST, "medusa": {"num_heads": 3}}, overlap=4)
+    for k in (1, 2):
+        mtp.train_checkpoint(str(hidden), str(target_dir), str(root / f"mtp{k}"),
+                      {"train": {**FAST, "steps": 100, "lr": 1e-2}, "mtp": {"num_modules": k}}, overlap=4)
+    return out
+
+
+def _log(ckpt):
+    return json.loads((ckpt / "config.json").read_text())["train_log"]
+
+
+def test_hidden_state_artifact_matches_the_target(trained):
+    hs = HiddenStates(str(trained["hidden"]))
+    L = trained["model"].config.num_hidden_layers
+    seq = hs.split("train", [L])[3]
+    r = trained["records"][3]
+    assert seq.ids.tolist() == r["prompt_ids"] + r["completion_ids"] and seq.prompt_len == len(r["prompt_ids"])
+    with torch.inference_mode():
+        ref = trained["model"](seq.ids[None], output_hidden_states=True).hidden_states[L][0]
+    assert torch.allclose(seq.taps[L], ref, atol=1e-5)
+    with pytest.raises(ValueError, match="taps \\[2\\] were not computed"):
+        hs.split("train", [2])
+
+
+@pytest.mark.parametrize("ckpt", ["medusa", "mtp1", "mtp2"])
+def test_training_lowers_the_loss(trained, ckpt):
+    log = _log(trained["root"] / ckpt)
+    first, last = sum(r["loss"] for r in log[:5]) / 5, sum(r["loss"] for r in log[-5:]) / 5
+    assert last < 0.9 * first, (first, last)  # deterministic: seeded init and data order
+
+
+def test_choose_tree_is_best_first_and_ancestor_closed():
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.3, 0.1], [0.4, 0.2, 0.1]]
+    paths, expected = medusa.choose_tree(acc, draft_len=3, tree_topk=3, max_tree_nodes=8)
+    assert len(paths) == 8 and len(set(paths)) == 8
+    score = {}
+    for p in paths:
+        assert len(p) == 1 or p[:-1] in score  # parents are chosen first
+        s = 1.0
+        for d, r in enumerate(p):
+            s *= acc[d][r]
+        score[p] = s
+    assert abs(expected - sum(score.values())) < 1e-9
+    # nothing left out scores above anything chosen
+    every = [(a,) for a in range(3)] + [(a, b) for a in range(3) for b in range(3)] + \
+            [(a, b, c) for a in range(3) for b in range(3) for c in range(3)]
+    left = [p for p in every if p not in score]
+    best_left = max(torch.tensor([acc[d][r] for d, r in enumerate(p)]).prod().item() for p in left)
+    assert best_left <= min(score.values()) + 1e-9
+    assert medusa.choose_tree(acc, draft_len=1, tree_topk=2, max_tree_nodes=8)[0] == [(0,), (1,)]
+
+
+def test_medusa_tree_forward_matches_per_path_forwards(trained):
+    """The Medusa draft tree, verified in one target forward (tree mask + positions), gives each
+    node the logits of a plain forward over prompt + that node's path."""
+    model = trained["model"]
+    target = TargetModel(model)
+    prop = build_proposer("medusa", {"checkpoint": str(trained["root"] / "medusa"), "draft_len": 3,
+                                     "tree_topk": 3, "max_tree_nodes": 10}, target)
+    assert len(prop.parents) == 10 and not all(p == i - 1 for i, p in enumerate(prop.parents))
+    prompt = trained["records"][5]["prompt_ids"]
+    with torch.inference_mode():
+        logits, hidden = target.prefill(prompt, prop.tap_layers)
+        prop.start(prompt, hidden)
+        pending = int(logits[-1].argmax())
+        draft = prop.propose(prompt + [pending])
+        parents = [-1] + [p + 1 for p in draft.parents]
+        nodes = [pending] + draft.tokens
+        tree_logits, _ = target.forward(nodes, parents)
+        for path in root_paths(parents):
+            ref = model(torch.tensor([prompt + [nodes[i] for i in path]])).logits[0, len(prompt):]
+            assert torch.allclose(tree_logits[path], ref, atol=1e-5), path
+
+
+@pytest.mark.parametrize("method,params", [
+    ("medusa", {"checkpoint": "medusa", "draft_len": 3, "tree_topk": 4, "max_tree_nodes": 12}),
+    ("medusa", {"checkpoint": "medusa", "draft_len": 2, "tree_topk": 1, "max_tree_nodes": 2}),
+    ("mtp", {"checkpoint": "mtp1"}),
+    ("mtp", {"checkpoint": "mtp2"}),
+    ("mtp", {"checkpoint": "mtp2", "num_speculative_steps": 1}),
+])
+def test_lossless_fp32(trained, method, params):
+    model = trained["model"]
+    target = TargetModel(model)
+    prop = build_proposer(method, {**params, "checkpoint": str(trained["root"] / params["checkpoint"])}, target)
+    rng = random.Random(3)
+    prompts = [r["prompt_ids"] for r in trained["records"][:6]] + \
+              [[rng.randrange(3, 64) for _ in range(9)] for _ in range(4)]
+    accepted = 0
+    for prompt in prompts:
+        base = greedy(model, prompt, 30)
+        with torch.inference_mode():
+            r = decode(target, prompt, 30, set(), prop)
+        assert r.output_ids == base
+        accepted += sum(r.accepted)
+    assert accepted > 0  # trained on these completions: some drafts must land
+
+
+@pytest.mark.parametrize("ckpt", ["mtp1", "mtp2"])
+def test_mtp_caches_match_a_from_scratch_run_after_partial_acceptance(trained, ckpt):
+    """After every verification step (some drafts accepted, some not), each module's KV cache
+    and draft equal those of a fresh proposer that processes the verified sequence in one go."""
+    model = trained["model"]
+    path = str(trained["root"] / ckpt)
+    target = TargetModel(model)
+    prop = build_proposer("mtp", {"checkpoint": path}, target)
+    checked, outcomes = 0, set()
+    original = prop.propose
+
+    def checked_propose(ids):
+        nonlocal checked
+        draft = original(ids)
+        fresh_target = TargetModel(model)
+        fresh = build_proposer("mtp", {"checkpoint": path}, fresh_target)
+        _, hidden = fresh_target.prefill(ids[:-1], fresh.tap_layers)
+        fresh.start(ids[:-1], hidden)
+        assert fresh.propose(ids).tokens == draft.tokens
+        for k in range(prop.steps):
+            assert prop.committed[k] == fresh.committed[k] == len(ids) - 1 - k
+            a, b = prop.caches[k].layers[0], fresh.caches[k].layers[0]
+            assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+        checked += 1
+        return draft
+
+    prop.propose = checked_propose
+    for rec in trained["records"][:4] + [{"prompt_ids": [5, 9, 13, 4, 22]}]:
+        with torch.inference_mode():
+            r = decode(target, rec["prompt_ids"], 24, set(), prop)
+        outcomes.update(r.accepted)
+    assert checked > 10
+    assert 0 in outcomes and max(outcomes) >= 1  # both rejection and (partial) acceptance happened
+
+
+@pytest.mark.parametrize("method,ckpt", [("medusa", "medusa"), ("mtp", "mtp2")])
+def test_checkpoint_round_trip_and_mismatch(trained, method, ckpt, tmp_path):
+    model = trained["model"]
+    module = getattr(medusa if method == "medusa" else mtp, "METHOD")
+    from specdec.train.checkpoint import load_proposer, save_proposer
+    meta, state = load_proposer(str(trained["root"] / ckpt), module, model.config)
+    save_proposer(str(tmp_path / "copy"), module, meta["config"], state, model.config,
+                  extra={k: v for k, v in meta.items() if k not in ("method", "config", "target")})
+    meta2, state2 = load_proposer(str(tmp_path / "copy"), module, model.config)
+    assert meta2 == meta and state2.keys() == state.keys()
+    assert all(torch.equal(state[k], state2[k]) for k in state)
+    # the reloaded checkpoint drafts exactly as the original
+    target = TargetModel(model)
+    a = build_proposer(method, {"checkpoint": str(trained["root"] / ckpt)}, target)
+    b = build_proposer(method, {"checkpoint": str(tmp_path / "copy")}, target)
+    prompt = trained["records"][0]["prompt_ids"]
+    with torch.inference_mode():
+        logits, hidden = target.prefill(prompt, a.tap_layers)
+        ids = prompt + [int(logits[-1].argmax())]
+        a.start(prompt, hidden)
+        b.start(prompt, hidden)
+        assert a.propose(ids).tokens == b.propose(ids).tokens
+    # a target of another shape is refused, naming the field and both values
+    other = tiny_llama()
+    other.config.hidden_size = 48
+    with pytest.raises(CheckpointMismatch, match="target.hidden_size is 32 but the target model's hidden_size is 48"):
+        load_proposer(str(trained["root"] / ckpt), module, other.config)
+    other.config.hidden_size, other.config.vocab_size = 32, 80
+    with pytest.raises(CheckpointMismatch, match="vocab_size is 64 but .* vocab_size is 80"):
+        load_proposer(str(trained["root"] / ckpt), module, other.config)
+    with pytest.raises(CheckpointMismatch, match="is for method"):
+        load_proposer(str(trained["root"] / ckpt), "mtp" if method == "medusa" else "medusa", model.config)
+
+
+def test_training_resumes_from_the_last_saved_step(trained, tmp_path):
+    """Interrupt a run after its first save; the rerun starts there and ends where an
+    uninterrupted run ends."""
+    from specdec.train import loop
+
+    args = (str(trained["hidden"]), str(trained["target_dir"]))
+    settings = {"train": {**FAST, "steps": 20, "save_every": 10}, "mtp": {"num_modules": 1}}
+    calls = {"n": 0}
+    real_train = loop.train
+
+    class Interrupt(Exception):
+        pass
+
+    def interrupted(module, loss_fn, *a, **kw):
+        def failing(m, step):
+            calls["n"] += 1
+            if step == 13:
+                raise Interrupt
+            return loss_fn(m, step)
+        return real_train(module, failing, *a, **kw)
+
+    mtp.train = interrupted
+    try:
+        with pytest.raises(Interrupt):
+            mtp.train_checkpoint(*args, str(tmp_path / "a"), settings, overlap=4)
+    finally:
+        mtp.train = real_train
+    assert (tmp_path / "a" / "resume.pt").exists() and not (tmp_path / "a" / "manifest.json").exists()
+    steps_seen = []
+
+    def counting(module, loss_fn, *a, **kw):
+        def count(m, step):
+            steps_seen.append(step)
+            return loss_fn(m, step)
+        return real_train(module, count, *a, **kw)
+
+    mtp.train = counting
+    try:
+        mtp.train_checkpoint(*args, str(tmp_path / "a"), settings, overlap=4)
+    finally:
+        mtp.train = real_train
+    assert steps_seen[0] == 10 and steps_seen[-1] == 19
+    assert not (tmp_path / "a" / "resume.pt").exists()
+    mtp.train_checkpoint(*args, str(tmp_path / "b"), settings, overlap=4)
+    from safetensors.torch import load_file
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
