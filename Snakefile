@@ -22,6 +22,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/vllm.smk"
 include: "workflow/rules/report.smk"

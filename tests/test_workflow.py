@@ -53,7 +53,10 @@ def test_config_typo_is_rejected_before_anything_runs(tmp_path):
     smoke = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
     for edit, word in [(lambda c: c["bench"].update(warmup_prompts="one"), "warmup_prompts"),
                        (lambda c: c["methods"]["ngram"].update(varients={}), "varients"),
-                       (lambda c: c["data"]["chat"].pop("completion_tokens"), "completion_tokens")]:
+                       (lambda c: c["data"]["chat"].pop("completion_tokens"), "completion_tokens"),
+                       (lambda c: c["train"]["checkpoints"]["medusa"]["heads2"]["train"].update(stpes=3), "stpes"),
+                       (lambda c: c["methods"]["mtp"]["variants"]["steps2"].update(checkpoint="nope"),
+                        "checkpoint 'nope' is not in train.checkpoints.mtp")]:
         cfg = json.loads(json.dumps(smoke))
         edit(cfg)
         bad = tmp_path / "bad.yaml"
@@ -73,8 +76,15 @@ def smoke_run(tmp_path_factory):
 def test_smoke_dag_end_to_end(smoke_run):
     wd = smoke_run
     tables = (wd / "results" / "tables.md").read_text()
-    for name in ("ngram/k5", "suffix/d8", "hf_generate/greedy", "hf_prompt_lookup/k5"):
+    for name in ("ngram/k5", "suffix/d8", "hf_generate/greedy", "hf_prompt_lookup/k5",
+                 "medusa/len2_top2_nodes4", "mtp/steps2"):
         assert name in tables
+    # learned proposers: trained through the DAG, with their log and eval proxy, listed in the tables
+    for ckpt in ("medusa/heads2", "mtp/modules2"):
+        cfg = json.loads((wd / "checkpoints" / ckpt / "config.json").read_text())
+        assert len(cfg["train_log"]) == 3 and cfg["eval_proxy"]["heldout"]
+        assert not (wd / "checkpoints" / ckpt / "resume.pt").exists()
+        assert f"checkpoints/{ckpt}" in tables
     for png in ("speedup", "throughput", "acceptance_by_position"):
         assert (wd / "results" / "plots" / f"{png}.png").stat().st_size > 1000
     # lossless in fp32 on the real target: every method matches the shared baseline
@@ -102,6 +112,15 @@ def test_smoke_dag_end_to_end(smoke_run):
 @pytest.mark.integration
 def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     wd = smoke_run
+    assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
+    # a learned method: its training and its benchmarks, nothing else
+    medusa = wd / "src" / "specdec" / "methods" / "medusa.py"
+    original = medusa.read_text()
+    edit(medusa)
+    out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
+    assert job_counts(out) == {"train_proposer": 1, "bench_torch_method": 1, "report": 1}
+    assert "checkpoints/medusa/heads2/manifest.json" in out and "results/torch/float32/chat_overlap/medusa-" in out
+    medusa.write_text(original)  # same content again: Snakemake compares checksums, nothing is stale
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     edit(wd / "src" / "specdec" / "methods" / "ngram.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout

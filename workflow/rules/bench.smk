@@ -6,6 +6,7 @@ wildcard_constraints:
     dtype="float32|bfloat16|float16",
     dataset="chat_heldout|chat_overlap|wiki",
     method="[a-z][a-z0-9_]*",
+    name="[A-Za-z0-9_.]+",
     variant="[A-Za-z0-9_.]+",
 
 
@@ -43,6 +44,7 @@ rule bench_torch_method:
         baseline="results/torch/{dtype}/{dataset}/baseline.jsonl",
         code=CORE_SOURCES,
         method_code=lambda wc: method_sources(wc.method),
+        checkpoint=method_checkpoint,
     output:
         records="results/torch/{dtype}/{dataset}/{method}-{variant}.jsonl",
         summary="results/torch/{dtype}/{dataset}/{method}-{variant}.summary.json",

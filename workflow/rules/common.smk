@@ -34,6 +34,9 @@ VLLM_SOURCES = [
     str(SRC / "core" / "metrics.py"),
     str(SRC / "data" / "records.py"),
 ]
+# what every training job depends on: the hidden-state cache reader, the loop, the checkpoint format
+TRAIN_SOURCES = sorted(str(p) for p in (SRC / "train").glob("*.py")) + [str(SRC / "data" / "records.py")]
+HIDDEN = "data/hidden/chat.safetensors"
 PEER_SOURCES = {
     "hf_generate": [str(SRC / "backends" / "hf_generate.py")],
     "hf_prompt_lookup": [str(SRC / "backends" / "hf_generate.py")],
@@ -82,6 +85,14 @@ def torch_baseline(dtype, dataset):
     return f"results/torch/{dtype}/{dataset}/baseline.jsonl"
 
 
+def method_dtypes(method, dataset):
+    """methods.X.dtypes: a list (every data set) or a mapping data set -> list (others: all)."""
+    spec = config["methods"][method].get("dtypes", config["bench"]["dtypes"])
+    if isinstance(spec, dict):
+        spec = spec.get(dataset, config["bench"]["dtypes"])
+    return spec
+
+
 def torch_method_summaries():
     out = []
     for dtype in config["bench"]["dtypes"]:
@@ -92,7 +103,7 @@ def torch_method_summaries():
             for dataset in spec["datasets"]:
                 if dataset not in config["bench"]["datasets"]:
                     raise ValueError(f"config: methods.{method}.datasets: {dataset} is not in bench.datasets")
-                if dtype not in spec.get("dtypes", config["bench"]["dtypes"]) or dtype not in dataset_dtypes(dataset):
+                if dtype not in method_dtypes(method, dataset) or dtype not in dataset_dtypes(dataset):
                     continue
                 for variant in spec["variants"]:
                     out.append(f"results/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")
@@ -121,11 +132,45 @@ def vllm_engine_args(wildcards):
             f" --warmup {v['modes'][wildcards.mode]['warmup_prompts']}")
 
 
-def method_params(wildcards):
+def variant_params(method, variant):
     try:
-        return json.dumps(config["methods"][wildcards.method]["variants"][wildcards.variant])
+        return dict(config["methods"][method]["variants"][variant])
     except KeyError:
-        raise ValueError(f"config: no methods.{wildcards.method}.variants.{wildcards.variant}")
+        raise ValueError(f"config: no methods.{method}.variants.{variant}")
+
+
+def checkpoint_dir(method, name):
+    if name not in config.get("train", {}).get("checkpoints", {}).get(method, {}):
+        raise ValueError(f"config: methods.{method}: checkpoint {name!r} is not in train.checkpoints.{method}")
+    return f"checkpoints/{method}/{name}"
+
+
+def method_checkpoint(wildcards):
+    """A learned method's variant names a checkpoint: its manifest (written last) is an input."""
+    name = variant_params(wildcards.method, wildcards.variant).get("checkpoint")
+    return [] if name is None else [f"{checkpoint_dir(wildcards.method, name)}/manifest.json"]
+
+
+def method_params(wildcards):
+    params = variant_params(wildcards.method, wildcards.variant)
+    if "checkpoint" in params:
+        params["checkpoint"] = checkpoint_dir(wildcards.method, params["checkpoint"])
+    return json.dumps(params)
+
+
+def trained_checkpoints():
+    """Manifests of the checkpoints some benchmarked variant uses."""
+    out = set()
+    for method, spec in config["methods"].items():
+        for variant in spec["variants"].values():
+            if "checkpoint" in variant:
+                out.add(f"{checkpoint_dir(method, variant['checkpoint'])}/manifest.json")
+    return sorted(out)
+
+
+def train_settings(wildcards):
+    checkpoint_dir(wildcards.method, wildcards.name)  # raises on an unknown name
+    return json.dumps(config["train"]["checkpoints"][wildcards.method][wildcards.name])
 
 
 def chat_source_args(wildcards, input):

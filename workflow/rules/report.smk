@@ -4,12 +4,14 @@
 rule report:
     input:
         summaries=torch_method_summaries() + vllm_summaries(),
+        checkpoints=trained_checkpoints(),
         code=[str(SRC / "report" / "tables.py"), str(SRC / "report" / "plots.py")],
     output:
         tables="results/tables.md",
         section="results/readme_section.md",
         plots=multiext("results/plots/", "speedup.png", "throughput.png", "acceptance_by_position.png"),
     params:
+        configs=lambda wc, input: " ".join(p.replace("manifest.json", "config.json") for p in input.checkpoints),
         readme=f"--readme {config['report']['readme']}" if config["report"]["readme"] else "",
     conda:
         CONDA_ENV
@@ -17,4 +19,4 @@ rule report:
         "logs/report/report.log",
     shell:
         "python -m specdec report --summaries {input.summaries} --out-tables {output.tables}"
-        " --plots-dir results/plots --readme-section {output.section} {params.readme} > {log} 2>&1"
+        " --checkpoints {params.configs} --plots-dir results/plots --readme-section {output.section} {params.readme} > {log} 2>&1"

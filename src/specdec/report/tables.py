@@ -138,12 +138,40 @@ def render_tables(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_checkpoints(config_paths) -> str:
+    """The trained proposers: training cost and the eval proxy (accuracy per head / module)."""
+    if not config_paths:
+        return ""
+    lines = ["## Trained checkpoints", "",
+             "Eval proxy: top-1 accuracy of each Medusa head (head k predicts token t+1+k) or MTP "
+             "module on the target's greedy completions; train-overlap = the first training records, "
+             "held-out = the held-out chat prompts.", "",
+             "| Checkpoint | Steps x batch | Train time | Final train loss | Train-overlap accuracy | Held-out accuracy |",
+             "|---|---|---|---|---|---|"]
+    for p in config_paths:
+        c = read_json(p)
+        for key in ("method", "train", "eval_proxy", "train_log"):
+            if key not in c:
+                raise ValueError(f"{p}: checkpoint config has no field {key!r}")
+        ev = c["eval_proxy"]
+        acc_key = next(k for k in ev["heldout"] if k.startswith(("top1_accuracy", "accuracy")))
+        fmt = lambda xs: " / ".join(f"{100 * x:.1f}%" for x in xs)
+        log = c["train_log"]
+        lines.append(f"| {Path(p).parent} | {c['train']['steps']} x {c['train']['batch_size']} | "
+                     f"{_f(c.get('train_seconds'), '.0f')}s | {_f(log[-1]['loss'] if log else None, '.3f')} | "
+                     f"{fmt(ev['overlap'][acc_key])} | {fmt(ev['heldout'][acc_key])} |")
+    return "\n".join(lines + [""])
+
+
 def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section: str,
-                 readme: str | None = None) -> None:
+                 readme: str | None = None, checkpoint_configs=()) -> None:
     from .plots import plot_all
 
     summaries = load_summaries(summary_paths)
     tables = render_tables(summaries)
+    ckpts = render_checkpoints(list(checkpoint_configs))
+    if ckpts:
+        tables = tables + "\n" + ckpts
     plots = plot_all(summaries, plots_dir)
     rel = os.path.relpath(plots_dir, Path(readme).parent if readme else ".")
     section = "\n".join([START, "", tables.replace("# Benchmark results", "### Benchmark results", 1)

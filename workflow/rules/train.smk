@@ -1,0 +1,52 @@
+# Learned proposers: the frozen target's hidden states over the chat set, cached once, then one
+# resumable training job per checkpoint (checkpoints/<method>/<name>/, manifest.json written last).
+
+
+rule hidden_states:
+    input:
+        target=TARGET,
+        train="data/chat/train.jsonl",
+        heldout=DATASET_FILES["chat_heldout"],
+        code=TRAIN_SOURCES,
+    output:
+        HIDDEN,
+    params:
+        target=target_dir,
+        taps=" ".join(str(t) for t in config.get("train", {}).get("hidden", {}).get("taps", [])),
+        h=config.get("train", {}).get("hidden", {}),
+        device=config["device"],
+        threads=config["threads"],
+    conda:
+        CONDA_ENV
+    log:
+        "logs/hidden_states/chat.log",
+    shell:
+        "python -m specdec hidden-states --target {params.target}"
+        " --split train={input.train} --split heldout={input.heldout} --taps {params.taps}"
+        " --dtype {params.h[dtype]} --batch-size {params.h[batch_size]} --device {params.device}"
+        " --threads {params.threads} --out {output} 2>&1 | tee {log}"
+
+
+rule train_proposer:
+    input:
+        hidden=HIDDEN,
+        target=TARGET,
+        code=TRAIN_SOURCES,
+        method_code=lambda wc: method_sources(wc.method),
+    output:
+        # config.json and model.safetensors are written first; resume.pt (not an output) survives
+        # an interrupted run, and the rerun continues from it
+        "checkpoints/{method}/{name}/manifest.json",
+    params:
+        target=target_dir,
+        settings=train_settings,
+        overlap=config["data"]["chat"]["eval_overlap_prompts"],
+        threads=config["threads"],
+    conda:
+        CONDA_ENV
+    log:
+        "logs/train_proposer/{method}-{name}.log",
+    shell:
+        "python -m specdec train --method {wildcards.method} --hidden {input.hidden} --target {params.target}"
+        " --settings '{params.settings}' --overlap {params.overlap} --threads {params.threads}"
+        " --out-dir checkpoints/{wildcards.method}/{wildcards.name} 2>&1 | tee {log}"
