@@ -47,6 +47,8 @@ def trained(request, tmp_path_factory):
     out = {"model": model, "root": root, "target_dir": target_dir, "hidden": hidden, "records": records}
     out["medusa_log"] = medusa.train_checkpoint(str(hidden), str(target_dir), str(root / "medusa"),
                                             {"train": FAST, "medusa": {"num_heads": 3}}, overlap=4)
+    medusa.train_checkpoint(str(hidden), str(target_dir), str(root / "medusa_dv"),
+                            {"train": FAST, "medusa": {"num_heads": 3, "draft_vocab_size": 24}}, overlap=4)
     for k in (1, 2):
         mtp.train_checkpoint(str(hidden), str(target_dir), str(root / f"mtp{k}"),
                       {"train": {**FAST, "steps": 100, "lr": 1e-2}, "mtp": {"num_modules": k}}, overlap=4)
@@ -123,6 +125,7 @@ def test_medusa_tree_forward_matches_per_path_forwards(trained):
 @pytest.mark.parametrize("method,params", [
     ("medusa", {"checkpoint": "medusa", "draft_len": 3, "tree_topk": 4, "max_tree_nodes": 12}),
     ("medusa", {"checkpoint": "medusa", "draft_len": 2, "tree_topk": 1, "max_tree_nodes": 2}),
+    ("medusa", {"checkpoint": "medusa_dv", "draft_len": 3, "tree_topk": 3, "max_tree_nodes": 8}),
     ("mtp", {"checkpoint": "mtp1"}),
     ("mtp", {"checkpoint": "mtp2"}),
     ("mtp", {"checkpoint": "mtp2", "num_speculative_steps": 1}),
@@ -179,7 +182,33 @@ def test_mtp_caches_match_a_from_scratch_run_after_partial_acceptance(trained, c
     assert 0 in outcomes and max(outcomes) >= 1  # both rejection and (partial) acceptance happened
 
 
-@pytest.mark.parametrize("method,ckpt", [("medusa", "medusa"), ("mtp", "mtp2")])
+def test_draft_vocabulary_is_the_most_frequent_tokens(trained):
+    from specdec.train.vocab import coverage, frequent_tokens, target_to_draft
+    seqs = HiddenStates(str(trained["hidden"])).split("train", [1])
+    counts = torch.bincount(torch.cat([s.ids for s in seqs]), minlength=64)
+    vocab = frequent_tokens(seqs, 24, 64)
+    assert len(vocab) == 24 and vocab.tolist() == sorted(vocab.tolist())
+    assert counts[vocab].min() >= counts[[t for t in range(64) if t not in vocab.tolist()]].max()
+    t2d = target_to_draft(vocab, 64)
+    assert all(t2d[v] == i for i, v in enumerate(vocab.tolist())) and (t2d >= 0).sum() == 24
+    assert 0 < coverage(seqs, vocab, 64) <= 1 and coverage(seqs, torch.arange(64), 64) == 1
+    # the checkpoint keeps the vocabulary; its drafts are target ids from it
+    meta = json.loads((trained["root"] / "medusa_dv" / "config.json").read_text())
+    assert meta["draft_vocab"]["size"] == 24
+    target = TargetModel(trained["model"])
+    prop = build_proposer("medusa", {"checkpoint": str(trained["root"] / "medusa_dv")}, target)
+    assert torch.equal(prop.vocab, vocab)
+    prompt = trained["records"][2]["prompt_ids"]
+    with torch.inference_mode():
+        logits, hidden = target.prefill(prompt, prop.tap_layers)
+        prop.start(prompt, hidden)
+        draft = prop.propose(prompt + [int(logits[-1].argmax())])
+    assert set(draft.tokens) <= set(vocab.tolist())
+    with pytest.raises(ValueError, match="draft vocabulary size 65"):
+        frequent_tokens(seqs, 65, 64)
+
+
+@pytest.mark.parametrize("method,ckpt", [("medusa", "medusa"), ("medusa", "medusa_dv"), ("mtp", "mtp2")])
 def test_checkpoint_round_trip_and_mismatch(trained, method, ckpt, tmp_path):
     model = trained["model"]
     module = getattr(medusa if method == "medusa" else mtp, "METHOD")
