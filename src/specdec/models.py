@@ -21,6 +21,19 @@ class CheckpointError(RuntimeError):
     pass
 
 
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def set_threads(n: int) -> int:
+    """torch intra-op threads: n, or every core this process may use when n == 0. Snakemake
+    exports OMP_NUM_THREADS=1 (its default `threads: 1`) to every job, and with `--cores 1` the
+    jobs run one at a time, so 0 must set the count explicitly rather than inherit that 1."""
+    n = n or available_cores()
+    torch.set_num_threads(n)
+    return n
+
+
 def torch_dtype(name: str) -> torch.dtype:
     try:
         return DTYPES[name]

@@ -110,19 +110,51 @@ def torch_method_summaries():
     return out
 
 
+def vllm_plan():
+    """data set -> the methods vLLM runs on it: vllm.datasets is a list (with vllm.methods, each
+    where the method has that data set) or a mapping data set -> methods."""
+    v = config["vllm"]
+    if isinstance(v["datasets"], dict):
+        plan = {d: list(ms) for d, ms in v["datasets"].items()}
+    else:
+        if "methods" not in v:
+            raise ValueError("config: vllm.methods is required when vllm.datasets is a list")
+        plan = {d: [m for m in v["methods"] if d in config["methods"][m]["datasets"]] for d in v["datasets"]}
+    for d, ms in plan.items():
+        for m in ms:
+            if m not in config["methods"]:
+                raise ValueError(f"config: vllm.datasets.{d}: method {m!r} is not in methods")
+    return plan
+
+
 def vllm_summaries():
-    v = config.get("vllm")
-    if not v:
+    if not config.get("vllm"):
         return []
     out = []
-    for mode in v["modes"]:
-        for dataset in v["datasets"]:
+    for mode in config["vllm"]["modes"]:
+        for dataset, methods in vllm_plan().items():
             out.append(f"results/vllm/{mode}/{dataset}/baseline.summary.json")
-            for method in v["methods"]:
-                if dataset in config["methods"][method]["datasets"]:
-                    for variant in config["methods"][method]["variants"]:
-                        out.append(f"results/vllm/{mode}/{dataset}/{method}-{variant}.summary.json")
+            for method in methods:
+                for variant in config["methods"][method]["variants"]:
+                    out.append(f"results/vllm/{mode}/{dataset}/{method}-{variant}.summary.json")
     return out
+
+
+# methods whose checkpoint vLLM loads from an export (checkpoints/vllm_exports/<method>-<name>/)
+VLLM_EXPORTS = {"mtp"}
+
+
+def vllm_export(wildcards):
+    """The export a vLLM method variant runs from, if any (for MTP it replaces the target)."""
+    name = variant_params(wildcards.method, wildcards.variant).get("checkpoint")
+    if wildcards.method not in VLLM_EXPORTS or name is None:
+        return []
+    checkpoint_dir(wildcards.method, name)
+    return [f"checkpoints/vllm_exports/{wildcards.method}-{name}/manifest.json"]
+
+
+def vllm_model_arg(wildcards, input):
+    return f"--model {os.path.dirname(input.export[0])}" if input.export else ""
 
 
 def vllm_engine_args(wildcards):

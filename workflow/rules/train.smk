@@ -41,6 +41,7 @@ rule train_proposer:
         target=target_dir,
         settings=train_settings,
         overlap=config["data"]["chat"]["eval_overlap_prompts"],
+        device=config["device"],
         threads=config["threads"],
     conda:
         CONDA_ENV
@@ -48,5 +49,5 @@ rule train_proposer:
         "logs/train_proposer/{method}-{name}.log",
     shell:
         "python -m specdec train --method {wildcards.method} --hidden {input.hidden} --target {params.target}"
-        " --settings '{params.settings}' --overlap {params.overlap} --threads {params.threads}"
+        " --settings '{params.settings}' --overlap {params.overlap} --device {params.device} --threads {params.threads}"
         " --out-dir checkpoints/{wildcards.method}/{wildcards.name} 2>&1 | tee {log}"

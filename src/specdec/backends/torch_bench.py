@@ -16,7 +16,7 @@ from ..core.metrics import attach_baseline, make_record, summarize
 from ..core.target import TargetModel
 from ..data.records import read_jsonl, read_prompts, write_json, write_jsonl
 from ..methods import build_proposer
-from ..models import eos_token_ids, load_causal_lm, load_tokenizer
+from ..models import eos_token_ids, load_causal_lm, load_tokenizer, set_threads
 from .hf_generate import PEERS, hf_decode, peer_kwargs
 
 DRAFT_MARGIN = 64  # room left in the context for draft nodes
@@ -51,8 +51,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str
     methods), that arm is timed too, alternating with `method` prompt by prompt in this process,
     and the summary gets the same-run ratio (`same_run`): the fair way to compare two arms on a
     noisy shared machine."""
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     prompts = read_prompts(prompts_path, limit)
     baseline = read_jsonl(baseline_path, ("id", "output_ids", "wall_s")) if baseline_path else None
     model = load_causal_lm(target_dir, dtype, device)

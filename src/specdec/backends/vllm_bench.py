@@ -31,6 +31,9 @@ def speculative_config(method: str, params: dict) -> dict | None:
                 "suffix_decoding_max_spec_factor": params.get("max_spec_factor", 1.0),
                 "suffix_decoding_min_token_prob": params.get("min_token_prob", 0.0),
                 "suffix_decoding_max_cached_requests": params.get("max_cached_requests", 1000)}
+    if method == "mtp":
+        # the model is the MiMo export (target + MTP layers); vLLM runs its MTP layer 0 per step
+        return {"method": "mtp", "num_speculative_tokens": params.get("num_speculative_steps") or 1}
     raise ValueError(f"no vLLM mapping for method {method!r}")
 
 
@@ -69,7 +72,10 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
                params: dict, mode: str, out_records: str, out_summary: str,
                baseline_path: str | None = None, limit: int | None = None, max_new_tokens: int = 64,
                warmup: int = 1, dtype: str = "bfloat16", max_num_seqs: int = 1,
-               gpu_memory_utilization: float = 0.85, max_model_len: int = 4096, seed: int = 0) -> dict:
+               gpu_memory_utilization: float = 0.85, max_model_len: int = 4096, seed: int = 0,
+               model_dir: str | None = None) -> dict:
+    """`model_dir` replaces the target as the served model (an MTP export holds the target's
+    weights plus its MTP layers)."""
     if mode not in ("serial", "batched"):
         raise ValueError(f"vLLM mode must be serial or batched, got {mode!r}")
     prompts = read_prompts(prompts_path, limit)
@@ -82,14 +88,14 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
                 "speculative_config": spec, "dtype": dtype, "max_num_seqs": max_num_seqs,
                 "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
                 "max_new_tokens": max_new_tokens, "warmup_prompts": warmup, "prompts_file": str(prompts_path),
-                "target": str(target_dir), "limit": limit, "seed": seed,
+                "target": str(target_dir), "model": str(model_dir or target_dir), "limit": limit, "seed": seed,
                 "ld_preload": os.environ.get("LD_PRELOAD") or None}
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     try:
-        llm = LLM(model=target_dir, dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        llm = LLM(model=model_dir or target_dir, dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                   gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True, seed=seed,
                   disable_log_stats=False, speculative_config=spec)
     except Exception as e:  # vLLM refused this method here: a row that says why, not a missing row

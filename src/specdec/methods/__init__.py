@@ -33,6 +33,14 @@ def train_checkpoint(name: str, **kwargs) -> dict:
     return module.train_checkpoint(**kwargs)
 
 
+def export_vllm(name: str, **kwargs) -> None:
+    """Write a learned method's checkpoint in the layout vLLM loads (its module's `export_vllm`)."""
+    module = importlib.import_module(METHODS[name]) if name in METHODS else None
+    if module is None or not hasattr(module, "export_vllm"):
+        raise ValueError(f"method {name!r} has no vLLM export")
+    module.export_vllm(**kwargs)
+
+
 def source_files(name: str) -> list[Path]:
     """The files a method's benchmark depends on (its module or package)."""
     here = Path(__file__).parent

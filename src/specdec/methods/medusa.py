@@ -114,8 +114,8 @@ def rank_accuracy(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, max_rank
     """p[k][r] = fraction of positions whose head-k label is exactly head k's r-th ranked token
     (labels are draft indices; -1, outside the draft vocabulary, counts as a miss)."""
     K = len(heads.res)
-    hits = torch.zeros(K, max_rank)
-    count = torch.zeros(K)
+    hits = torch.zeros(K, max_rank, device=x.device)
+    count = torch.zeros(K, device=x.device)
     for a in range(0, len(x), chunk):
         logits = heads(x[a:a + chunk])
         top = logits.topk(max_rank, dim=-1).indices  # (K, n, R)
@@ -127,7 +127,8 @@ def rank_accuracy(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, max_rank
     return (hits / count.clamp(min=1)[:, None]).tolist()
 
 
-def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int) -> dict:
+def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int,
+                     device: str = "cpu") -> dict:
     from ..models import load_causal_lm
     tcfg = TrainConfig(**settings.get("train", {}))
     mcfg = MedusaTrainConfig(**settings.get("medusa", {}))
@@ -156,8 +157,8 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
     order = torch.randperm(len(x), generator=gen)
 
     dtype = getattr(torch, tcfg.dtype)
-    heads.to(dtype)
-    x = x.to(dtype)
+    heads.to(device, dtype)
+    x, y = x.to(device, dtype), y.to(device)
 
     def loss_fn(module, step):
         # epochs of shuffled positions
@@ -184,7 +185,7 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
     rank_acc = {}
     for name, seqs in evals.items():
         ex, ey = examples(seqs)
-        rank_acc[name] = rank_accuracy(heads, ex.to(dtype), ey, mcfg.max_rank)
+        rank_acc[name] = rank_accuracy(heads, ex.to(device, dtype), ey.to(device), mcfg.max_rank)
     eval_proxy = {name: {"top1_accuracy_per_head": [r[0] for r in acc],
                          "top5_accuracy_per_head": [sum(r[:5]) for r in acc]} for name, acc in rank_acc.items()}
     save_proposer(out_dir, METHOD, {**asdict(mcfg), "hidden_size": target.config.hidden_size,

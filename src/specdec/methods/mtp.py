@@ -17,6 +17,7 @@ tokens are computed for the draft, then cropped from the cache.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -107,7 +108,7 @@ def mtp_forward_train(mtp: MTP, model, ids, h, label_ok):
     prev, out = h, []
     for k, layer in enumerate(mtp.layers, start=1):
         m = n - k                                   # module k runs positions 0..n-k-1
-        pos = torch.arange(m)[None].expand(len(ids), -1)
+        pos = torch.arange(m, device=ids.device)[None].expand(len(ids), -1)
         g = layer(prev[:, :m], base.embed_tokens(ids[:, k:]), pos, base.rotary_emb(prev, pos))
         ok = label_ok[:, k + 1:]                    # label of position j is x_(j+k+1)
         out.append((model.lm_head(g[:, :m - 1][ok]), ids[:, k + 1:][ok]))
@@ -115,11 +116,12 @@ def mtp_forward_train(mtp: MTP, model, ids, h, label_ok):
     return out
 
 
-def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int) -> dict:
+def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int,
+                     device: str = "cpu") -> dict:
     from ..models import load_causal_lm
     tcfg = TrainConfig(**settings.get("train", {}))
     mcfg = MTPTrainConfig(**settings.get("mtp", {}))
-    model = load_causal_lm(target_dir, tcfg.dtype)  # the frozen embedding / LM head, in the compute dtype
+    model = load_causal_lm(target_dir, tcfg.dtype, device)  # the frozen embedding / LM head, in the compute dtype
     for p in model.parameters():
         p.requires_grad_(False)
     hs = HiddenStates(hidden_path)
@@ -130,14 +132,17 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
     mtp = MTP.for_target(model, mcfg.num_modules)
     mtp.init_from_target(model)
     dtype = getattr(torch, tcfg.dtype)
-    mtp.to(dtype)
+    mtp.to(device, dtype)
+
+    def batch_of(seqs):
+        return [t.to(device) for t in pad_batch(seqs, tap, dtype)]
     gen = torch.Generator().manual_seed(tcfg.seed)
     order = torch.randperm(len(train_seqs), generator=gen).tolist()
 
     def loss_fn(module, step):
         a = (step * tcfg.batch_size) % len(order)
         batch = [train_seqs[i] for i in (order + order)[a:a + tcfg.batch_size]]
-        outs = mtp_forward_train(module, model, *pad_batch(batch, tap, dtype))
+        outs = mtp_forward_train(module, model, *batch_of(batch))
         losses = [F.cross_entropy(lg.float(), y) for lg, y in outs]
         metrics = {f"acc_module{k + 1}": (lg.argmax(-1) == y).float().mean().item()
                    for k, (lg, y) in enumerate(outs)}
@@ -152,7 +157,7 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
         for name, seqs in (("overlap", train_seqs[:overlap]), ("heldout", hs.split("heldout", [tap]))):
             hits = [[0, 0] for _ in mtp.layers]
             for a in range(0, len(seqs), tcfg.batch_size):
-                for k, (lg, y) in enumerate(mtp_forward_train(mtp, model, *pad_batch(seqs[a:a + tcfg.batch_size], tap, dtype))):
+                for k, (lg, y) in enumerate(mtp_forward_train(mtp, model, *batch_of(seqs[a:a + tcfg.batch_size]))):
                     hits[k][0] += (lg.argmax(-1) == y).sum().item()
                     hits[k][1] += len(y)
             eval_proxy[name] = {"accuracy_per_module": [h / max(1, c) for h, c in hits]}
@@ -231,3 +236,76 @@ class MTPProposer:
 
 def build(params: dict, target) -> MTPProposer:
     return MTPProposer(MTPConfig(**params), target)
+
+
+# ---- vLLM export ------------------------------------------------------------------------------
+def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
+    """Write vLLM's MiMo MTP layout (vllm/model_executor/models/mimo_mtp.py): the target
+    re-expressed as Qwen2 (a Llama target gets zero q/k/v biases, which changes nothing), an
+    explicit `lm_head.weight` (the MTP loader keeps only `mtp_layers`, `embed_tokens`, `lm_head`),
+    and module k under `model.mtp_layers.k.*` without the `block.` wrapper. Config: model_type
+    qwen2, architectures [MiMoForCausalLM], num_nextn_predict_layers = K. vLLM then serves the
+    directory as the target and, with speculative_config {"method": "mtp"}, as its drafter."""
+    import glob
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, Qwen2Config
+
+    from ..data.records import write_json
+
+    tcfg = AutoConfig.from_pretrained(target_dir)
+    if tcfg.model_type not in ("llama", "qwen2"):
+        raise ValueError(f"{target_dir}: MiMo MTP export supports llama and qwen2 targets, not {tcfg.model_type}")
+    head_dim = getattr(tcfg, "head_dim", None) or tcfg.hidden_size // tcfg.num_attention_heads
+    if tcfg.model_type == "llama" and (getattr(tcfg, "mlp_bias", False)
+                                       or head_dim * tcfg.num_attention_heads != tcfg.hidden_size):
+        raise ValueError(f"{target_dir}: this Llama (mlp_bias or head_dim != hidden/heads) has no Qwen2 equivalent")
+    meta, state = load_proposer(ckpt_dir, METHOD, tcfg)
+    K = meta["config"]["num_modules"]
+    weights = {}
+    for shard in sorted(glob.glob(str(Path(target_dir) / "*.safetensors"))):
+        weights.update(load_file(shard))
+    dtype = weights["model.embed_tokens.weight"].dtype
+    weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"].clone())
+    biases = {"q_proj": tcfg.num_attention_heads * head_dim, "k_proj": tcfg.num_key_value_heads * head_dim,
+              "v_proj": tcfg.num_key_value_heads * head_dim}
+
+    def zero_biases(prefix):
+        for proj, n in biases.items():
+            weights.setdefault(f"{prefix}.self_attn.{proj}.bias", torch.zeros(n, dtype=dtype))
+
+    for i in range(tcfg.num_hidden_layers):
+        zero_biases(f"model.layers.{i}")
+    for k in range(K):
+        for name, value in state.items():
+            if name.startswith(f"layers.{k}."):
+                rest = name[len(f"layers.{k}."):].removeprefix("block.")
+                weights[f"model.mtp_layers.{k}.{rest}"] = value.to(dtype)
+        zero_biases(f"model.mtp_layers.{k}")
+
+    qwen = Qwen2Config(
+        vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size, intermediate_size=tcfg.intermediate_size,
+        num_hidden_layers=tcfg.num_hidden_layers, num_attention_heads=tcfg.num_attention_heads,
+        num_key_value_heads=tcfg.num_key_value_heads, hidden_act=tcfg.hidden_act,
+        max_position_embeddings=tcfg.max_position_embeddings, rms_norm_eps=tcfg.rms_norm_eps,
+        rope_parameters=dict(tcfg.rope_parameters), tie_word_embeddings=False, use_sliding_window=False,
+        bos_token_id=tcfg.bos_token_id, eos_token_id=tcfg.eos_token_id, pad_token_id=getattr(tcfg, "pad_token_id", None))
+    config = qwen.to_dict()
+    config.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=K, dtype=str(dtype).removeprefix("torch."))
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
+    write_json(tmp / "config.json", config)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                 "special_tokens_map.json", "vocab.json", "merges.txt"):
+        if (Path(target_dir) / name).exists():
+            shutil.copy2(Path(target_dir) / name, tmp / name)
+    write_json(tmp / "manifest.json", {"method": METHOD, "export": "vllm MiMoForCausalLM", "checkpoint": str(ckpt_dir),
+                                       "target": str(target_dir), "num_nextn_predict_layers": K})
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
