@@ -13,10 +13,18 @@ METHODS = {
 }
 
 
-def build_proposer(name: str, params: dict, target=None):
+def method_module(name: str, needs: str):
+    """The method's module, which must define `needs` (build, train_checkpoint, export_vllm)."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
     module = importlib.import_module(METHODS[name])
+    if not hasattr(module, needs):
+        raise ValueError(f"method {name!r} has no {needs}")
+    return module
+
+
+def build_proposer(name: str, params: dict, target=None):
+    module = method_module(name, "build")
     try:
         return module.build(dict(params), target)
     except TypeError as e:  # unknown/missing keyword in the method's config dataclass
@@ -25,20 +33,12 @@ def build_proposer(name: str, params: dict, target=None):
 
 def train_checkpoint(name: str, **kwargs) -> dict:
     """Train a learned method's checkpoint (its module's `train_checkpoint`); returns its eval proxy."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
-    module = importlib.import_module(METHODS[name])
-    if not hasattr(module, "train_checkpoint"):
-        raise ValueError(f"method {name!r} has nothing to train")
-    return module.train_checkpoint(**kwargs)
+    return method_module(name, "train_checkpoint").train_checkpoint(**kwargs)
 
 
 def export_vllm(name: str, **kwargs) -> None:
     """Write a learned method's checkpoint in the layout vLLM loads (its module's `export_vllm`)."""
-    module = importlib.import_module(METHODS[name]) if name in METHODS else None
-    if module is None or not hasattr(module, "export_vllm"):
-        raise ValueError(f"method {name!r} has no vLLM export")
-    module.export_vllm(**kwargs)
+    method_module(name, "export_vllm").export_vllm(**kwargs)
 
 
 def source_files(name: str) -> list[Path]:

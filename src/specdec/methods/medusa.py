@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.loop import Draft, StepResult
-from ..train.checkpoint import load_proposer, save_proposer
+from ..train.checkpoint import load_proposer, save_trained
 from ..train.hidden import HiddenStates
-from ..train.loop import TrainConfig, fingerprint, finish, train
+from ..train.loop import TrainConfig, fingerprint, train
 from ..train.vocab import coverage, frequent_tokens, target_to_draft
 
 METHOD = "medusa"
@@ -137,7 +137,9 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
     hs.check_target(target.config)
     tap = target.config.num_hidden_layers
     norm = target.model.norm
-    train_seqs = hs.split("train", [tap])
+    train_seqs, heldout_seqs = hs.split("train", [tap]), hs.split("heldout", [tap])
+    if mcfg.calibration not in ("train", "overlap", "heldout"):
+        raise ValueError(f"medusa.calibration must be train, overlap or heldout, not {mcfg.calibration!r}")
     V = target.config.vocab_size
     vocab = None if mcfg.draft_vocab_size is None else frequent_tokens(train_seqs, mcfg.draft_vocab_size, V)
     t2d = torch.arange(V) if vocab is None else target_to_draft(vocab, V)
@@ -172,29 +174,24 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
     vocab_info = None
     if vocab is not None:
         vocab_info = {"size": len(vocab), "train_label_coverage": coverage(train_seqs, vocab, V),
-                      "heldout_label_coverage": coverage(hs.split("heldout", [tap]), vocab, V)}
+                      "heldout_label_coverage": coverage(heldout_seqs, vocab, V)}
         print(f"medusa: draft vocabulary {vocab_info}")
     log = train(heads, loss_fn, tcfg, out_dir, run_id, desc="medusa")
 
     # eval proxy: per-rank accuracy on the train-overlap slice and the held-out split
-    evals = {"overlap": train_seqs[:overlap], "heldout": hs.split("heldout", [tap])}
+    evals = {"overlap": train_seqs[:overlap], "heldout": heldout_seqs}
     if mcfg.calibration == "train":
         evals["train"] = train_seqs
-    elif mcfg.calibration not in evals:
-        raise ValueError(f"medusa.calibration must be train, overlap or heldout, not {mcfg.calibration!r}")
     rank_acc = {}
     for name, seqs in evals.items():
         ex, ey = examples(seqs)
         rank_acc[name] = rank_accuracy(heads, ex.to(device, dtype), ey.to(device), mcfg.max_rank)
     eval_proxy = {name: {"top1_accuracy_per_head": [r[0] for r in acc],
                          "top5_accuracy_per_head": [sum(r[:5]) for r in acc]} for name, acc in rank_acc.items()}
-    save_proposer(out_dir, METHOD, {**asdict(mcfg), "hidden_size": target.config.hidden_size,
-                                    "vocab_size": target.config.vocab_size},
-                  {k: v if k == "draft_vocab" else v.float() for k, v in heads.state_dict().items()},
-                  target.config,
-                  extra={"rank_accuracy": rank_acc, "calibration": mcfg.calibration, "draft_vocab": vocab_info,
-                         "train": asdict(tcfg), "train_seconds": log[-1]["elapsed_s"], "eval_proxy": eval_proxy, "train_log": log})
-    finish(out_dir)
+    save_trained(out_dir, METHOD, asdict(mcfg),
+                 {k: v if k == "draft_vocab" else v.float() for k, v in heads.state_dict().items()},
+                 target.config, asdict(tcfg), log, eval_proxy,
+                 extra={"rank_accuracy": rank_acc, "calibration": mcfg.calibration, "draft_vocab": vocab_info})
     return eval_proxy
 
 

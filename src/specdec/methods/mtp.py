@@ -27,9 +27,9 @@ from torch import nn
 from ..core.loop import Draft, StepResult
 from ..core.target import new_cache
 from ..core.tree import tree_attention_inputs
-from ..train.checkpoint import load_proposer, save_proposer
+from ..train.checkpoint import load_proposer, save_trained
 from ..train.hidden import HiddenStates
-from ..train.loop import TrainConfig, fingerprint, finish, train
+from ..train.loop import TrainConfig, fingerprint, train
 
 METHOD = "mtp"
 
@@ -161,11 +161,8 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
                     hits[k][0] += (lg.argmax(-1) == y).sum().item()
                     hits[k][1] += len(y)
             eval_proxy[name] = {"accuracy_per_module": [h / max(1, c) for h, c in hits]}
-    state = {k: v.float() for k, v in mtp.state_dict().items()}
-    save_proposer(out_dir, METHOD, {**asdict(mcfg), "hidden_size": model.config.hidden_size,
-                                    "vocab_size": model.config.vocab_size},
-                  state, model.config, extra={"train": asdict(tcfg), "train_seconds": log[-1]["elapsed_s"], "eval_proxy": eval_proxy, "train_log": log})
-    finish(out_dir)
+    save_trained(out_dir, METHOD, asdict(mcfg), {k: v.float() for k, v in mtp.state_dict().items()},
+                 model.config, asdict(tcfg), log, eval_proxy)
     return eval_proxy
 
 

@@ -32,6 +32,17 @@ def save_proposer(out_dir: str, method: str, settings: dict, state: dict[str, to
     write_json(out / "manifest.json", {"method": method, "files": ["model.safetensors", "config.json"]})
 
 
+def save_trained(out_dir: str, method: str, settings: dict, state: dict[str, torch.Tensor], target_config,
+                 train_config: dict, log: list[dict], eval_proxy: dict, extra: dict | None = None) -> None:
+    """save_proposer plus what every trained checkpoint records (training settings, time, log and
+    eval proxy); then the resume state is dropped."""
+    from .loop import finish
+    save_proposer(out_dir, method, settings, state, target_config,
+                  extra={**(extra or {}), "train": train_config, "train_seconds": log[-1]["elapsed_s"],
+                         "eval_proxy": eval_proxy, "train_log": log})
+    finish(out_dir)
+
+
 def load_proposer(ckpt_dir: str, method: str, target_config) -> tuple[dict, dict[str, torch.Tensor]]:
     """-> (config.json contents, state dict), after checking it was made for this method and a
     target of this shape; a mismatch names the field and both values."""
