@@ -56,7 +56,9 @@ def test_config_typo_is_rejected_before_anything_runs(tmp_path):
                        (lambda c: c["data"]["chat"].pop("completion_tokens"), "completion_tokens"),
                        (lambda c: c["train"]["checkpoints"]["medusa"]["heads2"]["train"].update(stpes=3), "stpes"),
                        (lambda c: c["methods"]["mtp"]["variants"]["steps2"].update(checkpoint="nope"),
-                        "checkpoint 'nope' is not in train.checkpoints.mtp")]:
+                        "checkpoint 'nope' is not in train.checkpoints.mtp"),
+                       (lambda c: c["train"]["checkpoints"]["pard"]["layers1"]["pard"].pop("pard_token"), "pard_token"),
+                       (lambda c: c["methods"]["pard"]["variants"]["len3"].update(datasets=["chats"]), "chats")]:
         cfg = json.loads(json.dumps(smoke))
         edit(cfg)
         bad = tmp_path / "bad.yaml"
@@ -77,11 +79,12 @@ def test_smoke_dag_end_to_end(smoke_run):
     wd = smoke_run
     tables = (wd / "results" / "tables.md").read_text()
     for name in ("ngram/k5", "suffix/d8", "hf_generate/greedy", "hf_prompt_lookup/k5",
-                 "medusa/len2_top2_nodes4", "mtp/steps2"):
+                 "medusa/len2_top2_nodes4", "mtp/steps2", "draft_model/len3", "pard/len3", "hf_assisted/len3"):
         assert name in tables
     # learned proposers: trained through the DAG, with their log and eval proxy, listed in the tables
-    for ckpt in ("medusa/heads2", "mtp/modules2"):
-        cfg = json.loads((wd / "checkpoints" / ckpt / "config.json").read_text())
+    for ckpt in ("medusa/heads2", "mtp/modules2", "draft_model/layers1", "pard/layers1"):
+        meta = "specdec.json" if ckpt.startswith(("draft", "pard")) else "config.json"
+        cfg = json.loads((wd / "checkpoints" / ckpt / meta).read_text())
         assert len(cfg["train_log"]) == 3 and cfg["eval_proxy"]["heldout"]
         assert not (wd / "checkpoints" / ckpt / "resume.pt").exists()
         assert f"checkpoints/{ckpt}" in tables
@@ -111,6 +114,13 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert "error" not in m, m.get("error")
         assert m["settings"]["model"].endswith("vllm_exports/mtp-modules2")
         assert m["drafted_tokens"] > 0 and m["prompts"] == 2
+    # the draft family: standalone Hugging Face drafts; PARD adapts the trained draft model
+    pard_cfg = json.loads((wd / "checkpoints/pard/layers1/config.json").read_text())
+    assert pard_cfg["pard_token"] == 16 and pard_cfg["vocab_size"] == 49152
+    assert json.loads((wd / "checkpoints/pard/layers1/specdec.json").read_text())["config"]["draft"][
+        "init_model_path"] == "checkpoints/draft_model/layers1"
+    peer = json.loads((wd / "results/torch/float32/chat_overlap/hf_assisted-len3.summary.json").read_text())
+    assert peer["same_run"]["counterpart"] == "draft_model" and peer["same_run"]["same_outputs"] == 2
     recs = [json.loads(line) for line in (wd / "data" / "chat" / "train.jsonl").read_text().splitlines()]
     assert len(recs) == 6 and all(r["completion_ids"] for r in recs)
     assert not list(wd.rglob("*.tmp")) and not list(wd.rglob("*.partial"))
@@ -129,12 +139,24 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     assert "checkpoints/medusa/heads2/manifest.json" in out and "results/torch/float32/chat_overlap/medusa-" in out
     medusa.write_text(original)  # same content again: Snakemake compares checksums, nothing is stale
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    edit(wd / "src" / "specdec" / "methods" / "ngram.py")
+    ngram = wd / "src" / "specdec" / "methods" / "ngram.py"
+    original = ngram.read_text()
+    edit(ngram)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     # ngram on 3 data sets, and the HF prompt-lookup peer that times ngram in the same job
     assert job_counts(out) == {"bench_torch_method": 4, "report": 1}
     reruns = re.findall(r"output: (results/torch/\S+?)\.jsonl", out)
     assert sorted(r.rsplit("/", 1)[1] for r in reruns) == ["hf_prompt_lookup-k5"] + ["ngram-k5"] * 3
+    ngram.write_text(original)
+    # the draft LM code shared by the draft model and PARD: their training and benchmarks (and the
+    # assisted-generation peer that loads the same draft), not Medusa's or MTP's
+    edit(wd / "src" / "specdec" / "train" / "draft_lm.py")
+    out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
+    assert job_counts(out) == {"train_proposer": 2, "bench_torch_method": 3, "report": 1}
+    outputs = re.findall(r"output: ([^\s,]+)", out)
+    assert not [o for o in outputs if "medusa" in o or "mtp" in o or "hidden" in o], outputs
+    assert sorted(o.split("/")[-1] for o in outputs if o.startswith("results/torch")) == \
+        ["draft_model-len3.jsonl", "hf_assisted-len3.jsonl", "pard-len3.jsonl"]
     # an edit of the shared core reruns every benchmark, but not the data sets or the target
     edit(wd / "src" / "specdec" / "core" / "verify.py")
     counts = job_counts(smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout)

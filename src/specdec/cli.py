@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plots-dir", required=True)
     s.add_argument("--readme-section", required=True)
     s.add_argument("--readme", help="README to patch between the results markers")
-    s.add_argument("--checkpoints", nargs="*", default=[], help="config.json of trained proposers")
+    s.add_argument("--checkpoints", nargs="*", default=[], help="trained proposers' checkpoint directories")
     s.set_defaults(func=cmd_report)
     return p
 

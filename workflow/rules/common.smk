@@ -34,12 +34,17 @@ VLLM_SOURCES = [
     str(SRC / "core" / "metrics.py"),
     str(SRC / "data" / "records.py"),
 ]
+# shared code that only some methods use: a change reruns only their jobs
+DRAFT_LM = str(SRC / "train" / "draft_lm.py")
+FAMILY_SOURCES = {"draft_model": [DRAFT_LM], "pard": [DRAFT_LM]}
 # what every training job depends on: the hidden-state cache reader, the loop, the checkpoint format
-TRAIN_SOURCES = sorted(str(p) for p in (SRC / "train").glob("*.py")) + [str(SRC / "data" / "records.py")]
+TRAIN_SOURCES = sorted(str(p) for p in (SRC / "train").glob("*.py") if str(p) != DRAFT_LM) + [
+    str(SRC / "data" / "records.py")]
 HIDDEN = "data/hidden/chat.safetensors"
 PEER_SOURCES = {
     "hf_generate": [str(SRC / "backends" / "hf_generate.py")],
     "hf_prompt_lookup": [str(SRC / "backends" / "hf_generate.py")],
+    "hf_assisted": [str(SRC / "backends" / "hf_generate.py"), DRAFT_LM],
 }
 
 
@@ -51,11 +56,11 @@ def method_sources(method):
         return PEER_SOURCES[method] + ([] if other == "baseline" else method_sources(other))
     pkg = SRC / "methods" / method
     if pkg.is_dir():
-        return sorted(str(p) for p in pkg.rglob("*.py"))
+        return sorted(str(p) for p in pkg.rglob("*.py")) + FAMILY_SOURCES.get(method, [])
     path = SRC / "methods" / f"{method}.py"
     if not path.exists():
         raise ValueError(f"config.yaml: methods.{method}: no module {path}")
-    return [str(path)]
+    return [str(path)] + FAMILY_SOURCES.get(method, [])
 
 
 def counterpart_args(wildcards):
@@ -66,11 +71,9 @@ def counterpart_args(wildcards):
     if other == "baseline":
         return "--counterpart baseline"
     name, variant = other.split("/")
-    try:
-        params = config["methods"][name]["variants"][variant]
-    except KeyError:
+    if variant not in config["methods"].get(name, {}).get("variants", {}):
         raise ValueError(f"config: methods.{wildcards.method}.compare_with: no methods.{name}.variants.{variant}")
-    return f"--counterpart {name} --counterpart-params '{json.dumps(params)}'"
+    return f"--counterpart {name} --counterpart-params '{json.dumps(resolved_params(name, variant))}'"
 
 
 def dataset_dtypes(dataset):
@@ -106,8 +109,19 @@ def torch_method_summaries():
                 if dtype not in method_dtypes(method, dataset) or dtype not in dataset_dtypes(dataset):
                     continue
                 for variant in spec["variants"]:
-                    out.append(f"results/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")
+                    if variant_runs(method, variant, dataset, dtype):
+                        out.append(f"results/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")
     return out
+
+
+# keys of a variant that select where it runs; the rest are the method's parameters
+VARIANT_SCOPE = ("datasets", "dtypes")
+
+
+def variant_runs(method, variant, dataset, dtype=None):
+    """A variant may narrow its method's data sets and dtypes (a draft_len sweep on one set)."""
+    v = config["methods"][method]["variants"][variant]
+    return dataset in v.get("datasets", [dataset]) and (dtype is None or dtype in v.get("dtypes", [dtype]))
 
 
 def vllm_plan():
@@ -136,7 +150,8 @@ def vllm_summaries():
             out.append(f"results/vllm/{mode}/{dataset}/baseline.summary.json")
             for method in methods:
                 for variant in config["methods"][method]["variants"]:
-                    out.append(f"results/vllm/{mode}/{dataset}/{method}-{variant}.summary.json")
+                    if variant_runs(method, variant, dataset):
+                        out.append(f"results/vllm/{mode}/{dataset}/{method}-{variant}.summary.json")
     return out
 
 
@@ -166,28 +181,50 @@ def vllm_engine_args(wildcards):
 
 def variant_params(method, variant):
     try:
-        return dict(config["methods"][method]["variants"][variant])
+        params = dict(config["methods"][method]["variants"][variant])
     except KeyError:
         raise ValueError(f"config: no methods.{method}.variants.{variant}")
+    for key in VARIANT_SCOPE:
+        params.pop(key, None)
+    return params
+
+
+# a Hugging Face peer that runs one of our methods' checkpoints names it under that method
+CHECKPOINT_OWNER = {"hf_assisted": "draft_model"}
 
 
 def checkpoint_dir(method, name):
+    method = CHECKPOINT_OWNER.get(method, method)
     if name not in config.get("train", {}).get("checkpoints", {}).get(method, {}):
         raise ValueError(f"config: methods.{method}: checkpoint {name!r} is not in train.checkpoints.{method}")
     return f"checkpoints/{method}/{name}"
 
 
 def method_checkpoint(wildcards):
-    """A learned method's variant names a checkpoint: its manifest (written last) is an input."""
-    name = variant_params(wildcards.method, wildcards.variant).get("checkpoint")
-    return [] if name is None else [f"{checkpoint_dir(wildcards.method, name)}/manifest.json"]
+    """A learned method's variant names a checkpoint: its manifest (written last) is an input,
+    and so is the checkpoint of the arm a peer is timed against."""
+    arms = [(wildcards.method, wildcards.variant)]
+    other = config["methods"][wildcards.method].get("compare_with", "baseline")
+    if other != "baseline":
+        arms.append(tuple(other.split("/")))
+    out = []
+    for method, variant in arms:
+        name = variant_params(method, variant).get("checkpoint")
+        if name is not None:
+            out.append(f"{checkpoint_dir(method, name)}/manifest.json")
+    return sorted(set(out))
+
+
+def resolved_params(method, variant):
+    """A variant's parameters, its checkpoint name resolved to the checkpoint directory."""
+    params = variant_params(method, variant)
+    if "checkpoint" in params:
+        params["checkpoint"] = checkpoint_dir(method, params["checkpoint"])
+    return params
 
 
 def method_params(wildcards):
-    params = variant_params(wildcards.method, wildcards.variant)
-    if "checkpoint" in params:
-        params["checkpoint"] = checkpoint_dir(wildcards.method, params["checkpoint"])
-    return json.dumps(params)
+    return json.dumps(resolved_params(wildcards.method, wildcards.variant))
 
 
 def trained_checkpoints():
@@ -200,9 +237,25 @@ def trained_checkpoints():
     return sorted(out)
 
 
+def init_checkpoint(wildcards):
+    """draft.init_checkpoint: "method/name" of a configured checkpoint this one starts from
+    (PARD adapts the trained draft model); its manifest becomes an input."""
+    settings = config["train"]["checkpoints"][wildcards.method][wildcards.name]
+    ref = settings.get("draft", {}).get("init_checkpoint")
+    if ref is None:
+        return []
+    method, _, name = ref.partition("/")
+    return [f"{checkpoint_dir(method, name)}/manifest.json"]
+
+
 def train_settings(wildcards):
     checkpoint_dir(wildcards.method, wildcards.name)  # raises on an unknown name
-    return json.dumps(config["train"]["checkpoints"][wildcards.method][wildcards.name])
+    settings = json.loads(json.dumps(config["train"]["checkpoints"][wildcards.method][wildcards.name]))
+    init = init_checkpoint(wildcards)
+    if init:
+        settings["draft"].pop("init_checkpoint")
+        settings["draft"]["init_model_path"] = os.path.dirname(init[0])
+    return json.dumps(settings)
 
 
 def chat_source_args(wildcards, input):

@@ -11,7 +11,7 @@ rule report:
         section="results/readme_section.md",
         plots=multiext("results/plots/", "speedup.png", "throughput.png", "acceptance_by_position.png"),
     params:
-        configs=lambda wc, input: " ".join(p.replace("manifest.json", "config.json") for p in input.checkpoints),
+        configs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.checkpoints),
         readme=f"--readme {config['report']['readme']}" if config["report"]["readme"] else "",
     conda:
         CONDA_ENV

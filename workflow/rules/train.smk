@@ -33,6 +33,7 @@ rule train_proposer:
         target=TARGET,
         code=TRAIN_SOURCES,
         method_code=lambda wc: method_sources(wc.method),
+        init=init_checkpoint,
     output:
         # config.json and model.safetensors are written first; resume.pt (not an output) survives
         # an interrupted run, and the rerun continues from it

@@ -1,6 +1,7 @@
 """Hugging Face `generate` peers, measured with the same prompts, records and summary schema:
-greedy `generate` (the baseline's peer) and prompt lookup (`prompt_lookup_num_tokens`, the
-n-gram method's peer)."""
+greedy `generate` (the baseline's peer), prompt lookup (`prompt_lookup_num_tokens`, the
+n-gram method's peer) and assisted generation (`assistant_model`, the draft-model method's peer,
+with the same draft checkpoint)."""
 from __future__ import annotations
 
 import time
@@ -10,7 +11,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from ..core.loop import DecodeResult
 
-PEERS = ("hf_generate", "hf_prompt_lookup")
+PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+ASSISTED_OPTIONS = {"num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"}
 
 
 class _FirstTokenClock(BaseStreamer):
@@ -28,7 +30,7 @@ class _FirstTokenClock(BaseStreamer):
         pass
 
 
-def peer_kwargs(method: str, params: dict) -> dict:
+def peer_kwargs(method: str, params: dict, model=None) -> dict:
     if method == "hf_generate":
         if params:
             raise ValueError(f"hf_generate takes no parameters, got {params}")
@@ -38,6 +40,18 @@ def peer_kwargs(method: str, params: dict) -> dict:
         if unknown:
             raise ValueError(f"hf_prompt_lookup: unknown parameters {sorted(unknown)}")
         return dict(params)
+    if method == "hf_assisted":
+        unknown = set(params) - ASSISTED_OPTIONS - {"checkpoint"}
+        if unknown or "checkpoint" not in params:
+            raise ValueError(f"hf_assisted: needs checkpoint (a draft_model checkpoint), takes "
+                             f"{sorted(ASSISTED_OPTIONS)}; got {sorted(params)}")
+        from ..train.draft_lm import load_draft_lm
+        device = next(model.parameters()).device
+        _, draft = load_draft_lm(params["checkpoint"], "draft_model", model.config, model.dtype, device)
+        gen = draft.generation_config   # generate() reads the assistant's settings from here
+        for k in ASSISTED_OPTIONS & set(params):
+            setattr(gen, k, params[k])
+        return {"assistant_model": draft}
     raise ValueError(f"unknown Hugging Face peer {method!r}")
 
 

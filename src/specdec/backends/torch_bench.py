@@ -25,7 +25,7 @@ DRAFT_MARGIN = 64  # room left in the context for draft nodes
 def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int], target=None):
     """(run(prompt_ids) -> DecodeResult, proposer or None) for our loop or a Hugging Face peer."""
     if method in PEERS:
-        kwargs = peer_kwargs(method, params)
+        kwargs = peer_kwargs(method, params, model)
         return (lambda ids: hf_decode(model, ids, max_new_tokens, eos, kwargs)), None
     target = target or TargetModel(model)
     proposer = None if method == "baseline" else build_proposer(method, params, target)

@@ -174,7 +174,8 @@ def summarize_batched(records, baseline, baseline_path, wall, settings, skipped)
          "skipped_prompts": len(skipped), "skipped": skipped, "new_tokens": new, "wall_s": wall,
          "mean_latency_s": None, "median_latency_s": None, "throughput_tok_s": new / wall,
          "decode_s": None, "draft_s": None, "steps": None, "drafting_steps": None, "drafted_tokens": None,
-         "accepted_tokens": None, "acceptance_rate": None, "tau": None, "acceptance_by_position": []}
+         "accepted_tokens": None, "acceptance_rate": None, "tau": None, "acceptance_by_position": [],
+         "draft_ms_per_step": None, "target_ms_per_step": None, "draft_to_target_cost": None}
     if baseline is not None:
         base_summary = read_json(baseline_path.replace(".jsonl", ".summary.json"))
         by_id = {r["id"]: r for r in baseline}

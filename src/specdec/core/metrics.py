@@ -117,6 +117,14 @@ def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
     else:
         s.update({"steps": None, "drafting_steps": None, "drafted_tokens": None, "accepted_tokens": None,
                   "acceptance_rate": None, "tau": None, "acceptance_by_position": []})
+    # cost per verification step: the proposer (its own prefill included) vs everything else in
+    # decoding (the target forward, verification, commit)
+    if s["steps"] and s["draft_s"] is not None and s["decode_s"] is not None:
+        s["draft_ms_per_step"] = 1000 * s["draft_s"] / s["steps"]
+        s["target_ms_per_step"] = 1000 * (s["decode_s"] - s["draft_s"]) / s["steps"]
+        s["draft_to_target_cost"] = _ratio(s["draft_ms_per_step"], s["target_ms_per_step"])
+    else:
+        s["draft_ms_per_step"] = s["target_ms_per_step"] = s["draft_to_target_cost"] = None
     if baseline is not None:
         by_id = {r["id"]: r for r in baseline}
         base = [by_id[r["id"]] for r in records]

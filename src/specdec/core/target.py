@@ -6,6 +6,8 @@ Wraps a transformers causal LM (Llama, Qwen2, ... no forked modeling code) and i
                                     or a tree (4-D mask + explicit positions); the cache then holds
                                     every node
 - commit(path)                   -> keep only the accepted path's KV, in order, drop the rest
+- truncate(length)               -> forget committed tokens after the first `length` (a draft LM
+                                    that wraps its own model in this class rolls back rejected drafts)
 
 Hidden taps: layer i means transformers' output_hidden_states[i] (0 = embeddings, i = output of
 decoder layer i-1), the convention vLLM's EAGLE-3 `eagle_aux_hidden_state_layer_ids` uses. They
@@ -150,3 +152,13 @@ class TargetModel:
             self.cache.crop(keep - n)  # negative: drop the rejected nodes from the end
         self.cached += keep
         self.pending = 0
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first `length` committed tokens in the cache."""
+        if self.pending:
+            raise RuntimeError("commit() the last forward before truncate()")
+        if not 0 <= length <= self.cached:
+            raise ValueError(f"truncate({length}): the cache holds {self.cached} tokens")
+        if length < self.cached:
+            self.cache.crop(length - self.cached)
+            self.cached = length

@@ -10,6 +10,8 @@ METHODS = {
     "suffix": "specdec.methods.suffix",
     "medusa": "specdec.methods.medusa",
     "mtp": "specdec.methods.mtp",
+    "draft_model": "specdec.methods.draft_model",
+    "pard": "specdec.methods.pard",
 }
 
 

@@ -1,0 +1,76 @@
+"""Standard speculative decoding with a standalone draft LM (train/draft_lm.py builds and trains it).
+
+Each step the draft decodes `draft_len` tokens greedily with its own KV cache, and the target
+verifies the chain in one forward. The draft cache is kept equal to the verified sequence: after
+verification it is truncated to the last position whose input is still on the accepted path, and
+the next step feeds only the tokens it has not seen (the bonus token, and the last draft token
+if every draft token was accepted), so no draft position is ever recomputed.
+
+Draft loop per step: one draft forward per draft token, each of one token (two for the first
+after a full acceptance), greedy argmax, nothing else. `draft_cost` in the summary compares its
+time per forward with the target's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core.loop import Draft, StepResult
+from ..core.target import TargetModel
+from ..train.draft_lm import causal_batch, load_draft_lm, train_draft_lm
+
+METHOD = "draft_model"
+
+
+def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int,
+                     device: str = "cpu") -> dict:
+    pad = 0  # padding is never visible to real tokens (right padding, causal or PARD masks)
+    return train_draft_lm(METHOD, hidden_path=hidden_path, target_dir=target_dir, out_dir=out_dir,
+                          settings=settings, overlap=overlap, device=device,
+                          make_batch=lambda seqs, step: causal_batch(seqs, pad), max_pos=1, method_config={})
+
+
+@dataclass
+class DraftModelConfig:
+    checkpoint: str
+    draft_len: int = 3
+
+
+class DraftModelProposer:
+    tap_layers = ()
+
+    def __init__(self, cfg: DraftModelConfig, target):
+        if cfg.draft_len < 1:
+            raise ValueError(f"draft_model: draft_len must be >= 1, got {cfg.draft_len}")
+        self.cfg = cfg
+        self.meta, model = load_draft_lm(cfg.checkpoint, METHOD, target.config, target.dtype, target.device)
+        self.draft = TargetModel(model)
+        self.draft_shape = f"chain k={cfg.draft_len}, draft LM of {model.config.num_hidden_layers} layers"
+        self._fed = 0  # length of the sequence (prompt + emitted) when the last draft was made
+
+    def start(self, prompt_ids, hidden) -> None:
+        self.draft.prefill(prompt_ids)  # the pending (first generated) token comes with propose()
+
+    def propose(self, ids: list[int]) -> Draft | None:
+        d = self.draft
+        new = ids[d.cached:]                     # tokens the draft has not seen, the pending one last
+        tokens = []
+        for _ in range(self.cfg.draft_len):
+            logits, _ = d.forward(new)
+            d.commit(None)
+            tokens.append(int(logits[-1].argmax()))
+            new = tokens[-1:]
+        # the cache now holds ids + tokens[:-1]
+        self._fed = len(ids)
+        return Draft.chain(tokens)
+
+    def observe(self, step: StepResult) -> None:
+        # draft token i (0-based) was an input at position _fed + i; inputs stay valid while they
+        # are on the accepted path: the first min(accepted, draft_len - 1) draft tokens
+        keep = self._fed + min(len(step.accepted), self.cfg.draft_len - 1)
+        self.draft.truncate(min(keep, self.draft.cached))
+
+
+def build(params: dict, target) -> DraftModelProposer:
+    return DraftModelProposer(DraftModelConfig(**params), target)

@@ -1,0 +1,157 @@
+"""PARD (parallel draft model): a draft LM that predicts k future tokens in ONE forward.
+
+Inference: after the verified context x_0..x_t (x_t the pending token) the draft gets k-1 mask
+tokens (`pard_token`) at positions t+1..t+k-1; its outputs at t, t+1, ..., t+k-1 are draft
+tokens 1..k (mask j predicts x_(t+j+1)). The masks' KV is dropped after the forward, so the draft
+cache only ever holds verified tokens; the next step feeds the tokens accepted since.
+
+Training (PARD objective, train_draft_len K): one packed sequence per example. Segment 0 is the
+sequence itself (ordinary next-token prediction). Segment j = 1..K-1 holds, for anchors t, a
+mask node at position t+j that attends to x_0..x_t, to the masks of the same anchor in segments
+1..j and to itself, labelled x_(t+j+1): exactly what the mask sees at inference. Conditional drop
+(COD): anchor t keeps its segment-j node when u_t < max(cod_ratio^j, cod_min_ratio) with one
+u_t ~ U(0,1) per anchor, so kept anchors are nested across segments (a node never misses a mask
+it would see at inference) and the segment sizes fall as cod_ratio^j down to cod_min_ratio.
+Labels are completion tokens only (distillation on the target's greedy completions).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..core.loop import Draft, StepResult
+from ..core.target import TargetModel
+from ..train.draft_lm import IGNORE, DraftBatch, load_draft_lm, train_draft_lm
+
+METHOD = "pard"
+
+
+@dataclass
+class PardTrainConfig:
+    pard_token: int               # the mask token id: a token chat text never uses
+    train_draft_len: int = 6      # K: draft positions trained (the reference system's --draft-len 8)
+    cod_ratio: float = 0.7
+    cod_min_ratio: float = 0.2
+
+
+def keep_ratio(j: int, cfg: PardTrainConfig) -> float:
+    """Share of anchors whose segment-j mask node is kept (segment 0 keeps everything)."""
+    return 1.0 if j == 0 else max(cfg.cod_ratio ** j, cfg.cod_min_ratio)
+
+
+def pard_example(ids: list[int], prompt_len: int, cfg: PardTrainConfig, u: torch.Tensor | None = None):
+    """One packed training example -> (tokens, positions, allowed (N, N) bool, labels, label_pos).
+    u[t - first]: the anchor's COD draw (None keeps every node, for evaluation)."""
+    n, K = len(ids), cfg.train_draft_len
+    first = max(prompt_len - 1, 0)            # first anchor: the last prompt token
+    tokens, positions = list(ids), list(range(n))
+    labels, label_pos = [IGNORE] * n, [0] * n
+    for t in range(first, n - 1):             # segment 0: x_t predicts x_(t+1)
+        labels[t], label_pos[t] = ids[t + 1], 1
+    anchor, segment = list(range(n)), [0] * n
+    for j in range(1, K):
+        for t in range(first, n - 1 - j):     # mask (t, j) predicts x_(t+j+1)
+            if u is not None and u[t - first] >= keep_ratio(j, cfg):
+                continue
+            tokens.append(cfg.pard_token)
+            positions.append(t + j)
+            labels.append(ids[t + j + 1])
+            label_pos.append(j + 1)
+            anchor.append(t)
+            segment.append(j)
+    a, s = torch.tensor(anchor), torch.tensor(segment)
+    real = s == 0
+    # a segment-0 key is visible up to the query's anchor; a mask key only to masks of the same
+    # anchor in the same or a later segment (and the mask itself)
+    allowed = (real[None, :] & (a[None, :] <= a[:, None])) | \
+              (~real[None, :] & (a[None, :] == a[:, None]) & (s[None, :] <= s[:, None]))
+    return tokens, positions, allowed, labels, label_pos
+
+
+def pard_batch(seqs, cfg: PardTrainConfig, pad_id: int, gen: torch.Generator | None) -> DraftBatch:
+    examples = []
+    for sq in seqs:
+        first = max(sq.prompt_len - 1, 0)
+        u = None if gen is None else torch.rand(max(len(sq.ids) - first, 0), generator=gen)
+        examples.append(pard_example(sq.ids.tolist(), sq.prompt_len, cfg, u))
+    N = max(len(e[0]) for e in examples)
+    B = len(examples)
+    ids = torch.full((B, N), pad_id, dtype=torch.long)
+    pos = torch.zeros((B, N), dtype=torch.long)
+    labels = torch.full((B, N), IGNORE, dtype=torch.long)
+    lpos = torch.zeros((B, N), dtype=torch.long)
+    allowed = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)   # padding rows see themselves only
+    for b, (tok, p, al, lab, lp) in enumerate(examples):
+        m = len(tok)
+        ids[b, :m], pos[b, :m], labels[b, :m], lpos[b, :m] = (torch.tensor(tok), torch.tensor(p),
+                                                               torch.tensor(lab), torch.tensor(lp))
+        allowed[b, :m, :m] = al
+    return DraftBatch(ids, pos, labels, allowed[:, None], lpos)
+
+
+def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int,
+                     device: str = "cpu") -> dict:
+    pcfg = PardTrainConfig(**settings.get("pard", {}))
+    if pcfg.train_draft_len < 1 or not 0 < pcfg.cod_min_ratio <= pcfg.cod_ratio <= 1:
+        raise ValueError(f"pard: need train_draft_len >= 1 and 0 < cod_min_ratio <= cod_ratio <= 1, got {pcfg}")
+    pad = 0  # padding is never visible to real tokens (right padding, causal or PARD masks)
+    seed = settings.get("train", {}).get("seed", 0)
+
+    def make_batch(seqs, step):
+        gen = None if step is None else torch.Generator().manual_seed(seed * 1_000_003 + step)
+        return pard_batch(seqs, pcfg, pad, gen)
+
+    def prepare(draft, train_seqs):
+        if not 0 <= pcfg.pard_token < draft.config.vocab_size:
+            raise ValueError(f"pard.pard_token {pcfg.pard_token} is outside the vocabulary (0..{draft.config.vocab_size - 1})")
+        used = sum(int((s.ids == pcfg.pard_token).sum()) for s in train_seqs)
+        if used:
+            raise ValueError(f"pard.pard_token {pcfg.pard_token} occurs {used} times in the training data: "
+                             f"choose a token chat text never uses")
+
+    # the layout vLLM's parallel drafting reads from the draft's config.json
+    extra = {"pard_token": pcfg.pard_token, "spd_type": "pard"}
+    return train_draft_lm(METHOD, hidden_path=hidden_path, target_dir=target_dir, out_dir=out_dir,
+                          settings=settings, overlap=overlap, device=device, make_batch=make_batch,
+                          max_pos=pcfg.train_draft_len, method_config={"pard": asdict(pcfg)},
+                          hf_config_extra=extra, prepare=prepare)
+
+
+@dataclass
+class PardConfig:
+    checkpoint: str
+    draft_len: int = 4
+
+
+class PardProposer:
+    tap_layers = ()
+
+    def __init__(self, cfg: PardConfig, target):
+        if cfg.draft_len < 1:
+            raise ValueError(f"pard: draft_len must be >= 1, got {cfg.draft_len}")
+        self.cfg = cfg
+        self.meta, model = load_draft_lm(cfg.checkpoint, METHOD, target.config, target.dtype, target.device)
+        self.pard_token = getattr(model.config, "pard_token", None)
+        if self.pard_token is None:
+            raise ValueError(f"{cfg.checkpoint}/config.json: no pard_token")
+        self.draft = TargetModel(model)
+        self.draft_shape = (f"chain k={cfg.draft_len} from one draft forward, "
+                            f"draft LM of {model.config.num_hidden_layers} layers")
+
+    def start(self, prompt_ids, hidden) -> None:
+        self.draft.prefill(prompt_ids)
+
+    def propose(self, ids: list[int]) -> Draft | None:
+        d, k = self.draft, self.cfg.draft_len
+        new = ids[d.cached:]                                  # accepted since last step + pending
+        logits, _ = d.forward(new + [self.pard_token] * (k - 1))
+        d.commit(list(range(len(new))))                       # drop the masks' KV
+        return Draft.chain(logits[len(new) - 1:].argmax(-1).tolist())
+
+    def observe(self, step: StepResult) -> None:
+        pass  # the cache holds verified tokens only; propose() feeds what was accepted since
+
+
+def build(params: dict, target) -> PardProposer:
+    return PardProposer(PardConfig(**params), target)
