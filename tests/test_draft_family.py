@@ -305,3 +305,24 @@ def test_hf_assisted_generation_peer_uses_the_same_draft(trained):
     prompt = trained["records"][1]["prompt_ids"]
     out = hf_decode(model, prompt, 20, {2}, kwargs).output_ids
     assert out == decode(TargetModel(model), prompt, 20, {2}).output_ids
+
+
+def test_vllm_exports_are_plain_hugging_face_drafts(trained, tmp_path):
+    """The exports vLLM loads as speculative_config.model: the HF files, target vocabulary, and
+    for PARD the pard_token its parallel drafting reads; our metadata stays behind."""
+    from transformers import AutoModelForCausalLM
+    from specdec.backends.vllm_bench import speculative_config
+    for method, ckpt in (("draft_model", "draft"), ("pard", "pard")):
+        out = tmp_path / method
+        build_module = draft_model if method == "draft_model" else pard
+        build_module.export_vllm(str(trained["root"] / ckpt), str(trained["target_dir"]), str(out))
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["vocab_size"] == trained["model"].config.vocab_size
+        assert not (out / "specdec.json").exists() and (out / "manifest.json").exists()
+        assert ("pard_token" in cfg) == (method == "pard")
+        assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
+        spec = speculative_config(method, {"draft_len": 3}, str(out))
+        assert spec["model"] == str(out) and spec["num_speculative_tokens"] == 3
+        assert spec.get("parallel_drafting", False) == (method == "pard")
+    with pytest.raises(CheckpointMismatch, match="not 'pard'"):
+        pard.export_vllm(str(trained["root"] / "draft"), str(trained["target_dir"]), str(tmp_path / "x"))

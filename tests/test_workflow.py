@@ -114,6 +114,14 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert "error" not in m, m.get("error")
         assert m["settings"]["model"].endswith("vllm_exports/mtp-modules2")
         assert m["drafted_tokens"] > 0 and m["prompts"] == 2
+    # the draft family through vLLM, from their exports (PARD with parallel drafting)
+    for mode in ("serial", "batched"):
+        for name in ("draft_model", "pard"):
+            m = json.loads((wd / f"results/vllm/{mode}/chat_overlap/{name}-len3.summary.json").read_text())
+            assert "error" not in m, m.get("error")
+            assert m["settings"]["speculative_config"]["model"].endswith(f"vllm_exports/{name}-layers1")
+            assert m["settings"]["speculative_config"].get("parallel_drafting", False) == (name == "pard")
+            assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     # the draft family: standalone Hugging Face drafts; PARD adapts the trained draft model
     pard_cfg = json.loads((wd / "checkpoints/pard/layers1/config.json").read_text())
     assert pard_cfg["pard_token"] == 16 and pard_cfg["vocab_size"] == 49152

@@ -133,11 +133,13 @@ def vllm_plan():
     else:
         if "methods" not in v:
             raise ValueError("config: vllm.methods is required when vllm.datasets is a list")
-        plan = {d: [m for m in v["methods"] if d in config["methods"][m]["datasets"]] for d in v["datasets"]}
+        plan = {d: [m for m in v["methods"] if d in config["methods"].get(m.split("/")[0], {}).get("datasets", [d])]
+                for d in v["datasets"]}
     for d, ms in plan.items():
         for m in ms:
-            if m not in config["methods"]:
-                raise ValueError(f"config: vllm.datasets.{d}: method {m!r} is not in methods")
+            method, _, variant = m.partition("/")
+            if method not in config["methods"] or (variant and variant not in config["methods"][method]["variants"]):
+                raise ValueError(f"config: vllm.datasets.{d}: {m!r} is not in methods")
     return plan
 
 
@@ -148,19 +150,21 @@ def vllm_summaries():
     for mode in config["vllm"]["modes"]:
         for dataset, methods in vllm_plan().items():
             out.append(f"results/vllm/{mode}/{dataset}/baseline.summary.json")
-            for method in methods:
-                for variant in config["methods"][method]["variants"]:
+            for entry in methods:   # a method (each of its variants) or method/variant
+                method, _, only = entry.partition("/")
+                for variant in [only] if only else config["methods"][method]["variants"]:
                     if variant_runs(method, variant, dataset):
                         out.append(f"results/vllm/{mode}/{dataset}/{method}-{variant}.summary.json")
     return out
 
 
-# methods whose checkpoint vLLM loads from an export (checkpoints/vllm_exports/<method>-<name>/)
-VLLM_EXPORTS = {"mtp"}
+# methods whose checkpoint vLLM loads from an export (checkpoints/vllm_exports/<method>-<name>/):
+# the MTP export replaces the target (--model), a draft LM's is the drafter (--draft-model)
+VLLM_EXPORTS = {"mtp": "--model", "draft_model": "--draft-model", "pard": "--draft-model"}
 
 
 def vllm_export(wildcards):
-    """The export a vLLM method variant runs from, if any (for MTP it replaces the target)."""
+    """The export a vLLM method variant runs from, if any."""
     name = variant_params(wildcards.method, wildcards.variant).get("checkpoint")
     if wildcards.method not in VLLM_EXPORTS or name is None:
         return []
@@ -169,7 +173,7 @@ def vllm_export(wildcards):
 
 
 def vllm_model_arg(wildcards, input):
-    return f"--model {os.path.dirname(input.export[0])}" if input.export else ""
+    return f"{VLLM_EXPORTS[wildcards.method]} {os.path.dirname(input.export[0])}" if input.export else ""
 
 
 def vllm_engine_args(wildcards):

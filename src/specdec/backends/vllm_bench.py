@@ -36,8 +36,8 @@ def preload_intel_openmp(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "specdec", *argv], env)
 
 
-def speculative_config(method: str, params: dict) -> dict | None:
-    """Our method parameters -> vLLM's speculative_config."""
+def speculative_config(method: str, params: dict, draft_dir: str | None = None) -> dict | None:
+    """Our method parameters -> vLLM's speculative_config (`draft_dir`: the draft LM's export)."""
     if method == "baseline":
         return None
     if method == "ngram":
@@ -53,6 +53,13 @@ def speculative_config(method: str, params: dict) -> dict | None:
     if method == "mtp":
         # the model is the MiMo export (target + MTP layers); vLLM runs its MTP layer 0 per step
         return {"method": "mtp", "num_speculative_tokens": params.get("num_speculative_steps") or 1}
+    if method in ("draft_model", "pard"):
+        if draft_dir is None:
+            raise ValueError(f"{method}: vLLM needs the draft's export directory (--draft-model)")
+        spec = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": params.get("draft_len", 3)}
+        if method == "pard":
+            spec["parallel_drafting"] = True   # k drafts from one forward with pard_token masks
+        return spec
     raise ValueError(f"no vLLM mapping for method {method!r}")
 
 
@@ -92,9 +99,9 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
                baseline_path: str | None = None, limit: int | None = None, max_new_tokens: int = 64,
                warmup: int = 1, dtype: str = "bfloat16", max_num_seqs: int = 1,
                gpu_memory_utilization: float = 0.85, max_model_len: int = 4096, seed: int = 0,
-               model_dir: str | None = None) -> dict:
+               model_dir: str | None = None, draft_dir: str | None = None) -> dict:
     """`model_dir` replaces the target as the served model (an MTP export holds the target's
-    weights plus its MTP layers)."""
+    weights plus its MTP layers); `draft_dir` is a draft LM's export (draft model, PARD)."""
     if mode not in ("serial", "batched"):
         raise ValueError(f"vLLM mode must be serial or batched, got {mode!r}")
     prompts = read_prompts(prompts_path, limit)
@@ -102,7 +109,7 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
     fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens <= max_model_len]
     skipped = [{"id": p["id"], "prompt_tokens": len(p["prompt_ids"]), "context": max_model_len}
                for p in prompts if p not in fits]
-    spec = speculative_config(method, params)
+    spec = speculative_config(method, params, draft_dir)
     settings = {"backend": "vllm", "mode": mode, "method": method, "variant": variant, "params": params,
                 "speculative_config": spec, "dtype": dtype, "max_num_seqs": max_num_seqs,
                 "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,

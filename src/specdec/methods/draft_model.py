@@ -18,7 +18,7 @@ import torch
 
 from ..core.loop import Draft, StepResult
 from ..core.target import TargetModel
-from ..train.draft_lm import causal_batch, load_draft_lm, train_draft_lm
+from ..train.draft_lm import causal_batch, export_hf_draft, load_draft_lm, train_draft_lm
 
 METHOD = "draft_model"
 
@@ -29,6 +29,11 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
     return train_draft_lm(METHOD, hidden_path=hidden_path, target_dir=target_dir, out_dir=out_dir,
                           settings=settings, overlap=overlap, device=device,
                           make_batch=lambda seqs, step: causal_batch(seqs, pad), max_pos=1, method_config={})
+
+
+def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
+    """vLLM's draft_model method loads the standalone Hugging Face draft as it is."""
+    export_hf_draft(ckpt_dir, METHOD, target_dir, out_dir)
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 
 from ..core.loop import Draft, StepResult
 from ..core.target import TargetModel
-from ..train.draft_lm import IGNORE, DraftBatch, load_draft_lm, train_draft_lm
+from ..train.draft_lm import IGNORE, DraftBatch, export_hf_draft, load_draft_lm, train_draft_lm
 
 METHOD = "pard"
 
@@ -116,6 +116,11 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
                           settings=settings, overlap=overlap, device=device, make_batch=make_batch,
                           max_pos=pcfg.train_draft_len, method_config={"pard": asdict(pcfg)},
                           hf_config_extra=extra, prepare=prepare)
+
+
+def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
+    """vLLM's parallel drafting loads the Hugging Face draft with `pard_token` in its config."""
+    export_hf_draft(ckpt_dir, METHOD, target_dir, out_dir, require=("pard_token",))
 
 
 @dataclass

@@ -260,3 +260,22 @@ def load_draft_lm(ckpt_dir: str, method: str, target_config, dtype=torch.float32
                                  f"is {target_config.vocab_size}: a draft must share the target's vocabulary")
     model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).to(device).eval()
     return meta, model
+
+
+def export_hf_draft(ckpt_dir: str, method: str, target_dir: str, out_dir: str, require: tuple[str, ...] = ()) -> dict:
+    """The directory vLLM loads as `speculative_config.model`: the draft's Hugging Face files
+    (config, weights, tokenizer) without our metadata, after the same checks as loading; the
+    draft's config.json must have the `require`d fields."""
+    from transformers import AutoConfig
+    meta, model = load_draft_lm(ckpt_dir, method, AutoConfig.from_pretrained(target_dir))
+    missing = [k for k in require if getattr(model.config, k, None) is None]
+    if missing:
+        raise ValueError(f"{ckpt_dir}/config.json: no {', '.join(missing)} (vLLM's {method} needs it)")
+    src, out = Path(ckpt_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [p.name for p in sorted(src.iterdir())
+             if p.is_file() and p.name not in ("specdec.json", "manifest.json", "resume.pt")]
+    for name in files:
+        shutil.copy(src / name, out / name)
+    write_json(out / "manifest.json", {"method": method, "source": str(ckpt_dir), "files": files})
+    return meta
