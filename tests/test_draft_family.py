@@ -259,13 +259,15 @@ def test_draft_cache_after_partial_acceptance_equals_a_fresh_prefill(trained):
     assert partial > 0
 
 
-@pytest.mark.parametrize("method,k", [("draft_model", 1), ("draft_model", 4), ("pard", 2), ("pard", 5)])
-def test_lossless_in_fp32(trained, method, k):
+@pytest.mark.parametrize("method,k,extra", [("draft_model", 1, {}), ("draft_model", 4, {}),
+                                            ("draft_model", 4, {"confidence_threshold": 1.0}),
+                                            ("pard", 2, {}), ("pard", 5, {})])
+def test_lossless_in_fp32(trained, method, k, extra):
     model = trained["model"]
     target = TargetModel(model)
     ckpt = trained["root"] / ("draft" if method == "draft_model" else "pard")
-    prop = build_proposer(method, {"checkpoint": str(ckpt), "draft_len": k}, target)
-    accepted = 0
+    prop = build_proposer(method, {"checkpoint": str(ckpt), "draft_len": k, **extra}, target)
+    accepted, drafted = 0, set()
     rng = random.Random(1)
     prompts = [r["prompt_ids"] for r in trained["records"][:6]] + \
               [[rng.randrange(3, 63) for _ in range(9)] for _ in range(4)]   # unseen prompts too
@@ -275,7 +277,10 @@ def test_lossless_in_fp32(trained, method, k):
         assert res.output_ids == decode(TargetModel(model), prompt, 30, {2}).output_ids
         assert all(0 < d <= k for d in res.drafted)
         accepted += sum(res.accepted)
+        drafted.update(res.drafted)
     assert accepted > 0   # the trained drafts agree with the target somewhere
+    if extra:
+        assert drafted == {1}   # no draft token has probability 1: every draft stops after one
 
 
 def test_pard_drafts_k_tokens_from_one_forward(trained):
@@ -326,3 +331,20 @@ def test_vllm_exports_are_plain_hugging_face_drafts(trained, tmp_path):
         assert spec.get("parallel_drafting", False) == (method == "pard")
     with pytest.raises(CheckpointMismatch, match="not 'pard'"):
         pard.export_vllm(str(trained["root"] / "draft"), str(trained["target_dir"]), str(tmp_path / "x"))
+
+
+def test_pretrained_init_is_padded_to_the_target_vocabulary(tmp_path):
+    """Full scale starts from a pretrained base (Qwen2.5-0.5B-Instruct, vocab 151,936) for a
+    target with a larger embedding (152,064): the draft is padded to the target's size; a base
+    with a larger vocabulary is refused."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from specdec.train.draft_lm import from_pretrained_init
+    target = tiny_llama()
+    for vocab in (56, 72):
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+        LlamaForCausalLM(cfg).save_pretrained(tmp_path / f"base{vocab}")
+    draft = from_pretrained_init(str(tmp_path / "base56"), target.config)
+    assert draft.config.vocab_size == 64 and draft.get_input_embeddings().weight.shape == (64, 16)
+    with pytest.raises(CheckpointMismatch, match="vocab_size 72 is larger than the target's 64"):
+        from_pretrained_init(str(tmp_path / "base72"), target.config)

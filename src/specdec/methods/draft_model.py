@@ -40,6 +40,9 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
 class DraftModelConfig:
     checkpoint: str
     draft_len: int = 3
+    # stop drafting after a token whose draft probability is below this (0: always draft_len
+    # tokens); transformers' assisted generation does the same (assistant_confidence_threshold)
+    confidence_threshold: float = 0.0
 
 
 class DraftModelProposer:
@@ -51,7 +54,8 @@ class DraftModelProposer:
         self.cfg = cfg
         self.meta, model = load_draft_lm(cfg.checkpoint, METHOD, target.config, target.dtype, target.device)
         self.draft = TargetModel(model)
-        self.draft_shape = f"chain k={cfg.draft_len}, draft LM of {model.config.num_hidden_layers} layers"
+        stop = f", stop below p={cfg.confidence_threshold}" if cfg.confidence_threshold else ""
+        self.draft_shape = f"chain k<={cfg.draft_len}{stop}, draft LM of {model.config.num_hidden_layers} layers"
         self._fed = 0  # length of the sequence (prompt + emitted) when the last draft was made
 
     def start(self, prompt_ids, hidden) -> None:
@@ -64,16 +68,20 @@ class DraftModelProposer:
         for _ in range(self.cfg.draft_len):
             logits, _ = d.forward(new)
             d.commit(None)
-            tokens.append(int(logits[-1].argmax()))
+            last = logits[-1]
+            tokens.append(int(last.argmax()))
             new = tokens[-1:]
+            if self.cfg.confidence_threshold and \
+                    torch.softmax(last.float(), -1)[tokens[-1]] < self.cfg.confidence_threshold:
+                break  # the draft is unsure: verify what we have
         # the cache now holds ids + tokens[:-1]
-        self._fed = len(ids)
+        self._fed, self._drafted = len(ids), len(tokens)
         return Draft.chain(tokens)
 
     def observe(self, step: StepResult) -> None:
         # draft token i (0-based) was an input at position _fed + i; inputs stay valid while they
         # are on the accepted path: the first min(accepted, draft_len - 1) draft tokens
-        keep = self._fed + min(len(step.accepted), self.cfg.draft_len - 1)
+        keep = self._fed + min(len(step.accepted), self._drafted - 1)
         self.draft.truncate(min(keep, self.draft.cached))
 
 
