@@ -133,8 +133,13 @@ def vllm_plan():
     else:
         if "methods" not in v:
             raise ValueError("config: vllm.methods is required when vllm.datasets is a list")
-        plan = {d: [m for m in v["methods"] if d in config["methods"].get(m.split("/")[0], {}).get("datasets", [d])]
-                for d in v["datasets"]}
+        plan = {}
+        for d in v["datasets"]:
+            plan[d] = []
+            for m in v["methods"]:
+                method = m.partition("/")[0]
+                if d in config["methods"].get(method, {}).get("datasets", [d]):
+                    plan[d].append(m)
     for d, ms in plan.items():
         for m in ms:
             method, _, variant = m.partition("/")
