@@ -156,11 +156,13 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     reruns = re.findall(r"output: (results/torch/\S+?)\.jsonl", out)
     assert sorted(r.rsplit("/", 1)[1] for r in reruns) == ["hf_prompt_lookup-k5"] + ["ngram-k5"] * 3
     ngram.write_text(original)
-    # the draft LM code shared by the draft model and PARD: their training and benchmarks (and the
-    # assisted-generation peer that loads the same draft), not Medusa's or MTP's
+    # the draft LM code shared by the draft model and PARD: their training, exports and benchmarks
+    # (PyTorch loop and vLLM, and the assisted-generation peer that loads the same draft), not
+    # Medusa's or MTP's
     edit(wd / "src" / "specdec" / "train" / "draft_lm.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 2, "bench_torch_method": 3, "report": 1}
+    assert job_counts(out) == {"train_proposer": 2, "bench_torch_method": 3, "export_vllm": 2,
+                               "bench_vllm_method": 4, "report": 1}
     outputs = re.findall(r"output: ([^\s,]+)", out)
     assert not [o for o in outputs if "medusa" in o or "mtp" in o or "hidden" in o], outputs
     assert sorted(o.split("/")[-1] for o in outputs if o.startswith("results/torch")) == \
