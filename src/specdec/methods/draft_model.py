@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.loop import Draft, StepResult
-from ..core.target import TargetModel
-from ..train.draft_lm import causal_batch, export_hf_draft, load_draft_lm, train_draft_lm
+from ..train.draft_lm import causal_batch, export_hf_draft, open_draft, train_draft_lm
 
 METHOD = "draft_model"
 
@@ -49,14 +48,13 @@ class DraftModelProposer:
     tap_layers = ()
 
     def __init__(self, cfg: DraftModelConfig, target):
-        if cfg.draft_len < 1:
-            raise ValueError(f"draft_model: draft_len must be >= 1, got {cfg.draft_len}")
         self.cfg = cfg
-        self.meta, model = load_draft_lm(cfg.checkpoint, METHOD, target.config, target.dtype, target.device)
-        self.draft = TargetModel(model)
+        self.meta, self.draft = open_draft(cfg.checkpoint, METHOD, target, cfg.draft_len)
         stop = f", stop below p={cfg.confidence_threshold}" if cfg.confidence_threshold else ""
-        self.draft_shape = f"chain k<={cfg.draft_len}{stop}, draft LM of {model.config.num_hidden_layers} layers"
-        self._fed = 0  # length of the sequence (prompt + emitted) when the last draft was made
+        self.draft_shape = (f"chain k<={cfg.draft_len}{stop}, "
+                            f"draft LM of {self.draft.num_layers} layers")
+        self._fed = 0      # length of the sequence (prompt + emitted) when the last draft was made
+        self._drafted = 0  # tokens in that draft
 
     def start(self, prompt_ids, hidden) -> None:
         self.draft.prefill(prompt_ids)  # the pending (first generated) token comes with propose()

@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..core.loop import Draft, StepResult
-from ..core.target import TargetModel
-from ..train.draft_lm import IGNORE, DraftBatch, export_hf_draft, load_draft_lm, train_draft_lm
+from ..train.draft_lm import IGNORE, DraftBatch, export_hf_draft, open_draft, train_draft_lm
 
 METHOD = "pard"
 
@@ -133,16 +132,13 @@ class PardProposer:
     tap_layers = ()
 
     def __init__(self, cfg: PardConfig, target):
-        if cfg.draft_len < 1:
-            raise ValueError(f"pard: draft_len must be >= 1, got {cfg.draft_len}")
         self.cfg = cfg
-        self.meta, model = load_draft_lm(cfg.checkpoint, METHOD, target.config, target.dtype, target.device)
-        self.pard_token = getattr(model.config, "pard_token", None)
+        self.meta, self.draft = open_draft(cfg.checkpoint, METHOD, target, cfg.draft_len)
+        self.pard_token = getattr(self.draft.config, "pard_token", None)
         if self.pard_token is None:
             raise ValueError(f"{cfg.checkpoint}/config.json: no pard_token")
-        self.draft = TargetModel(model)
         self.draft_shape = (f"chain k={cfg.draft_len} from one draft forward, "
-                            f"draft LM of {model.config.num_hidden_layers} layers")
+                            f"draft LM of {self.draft.num_layers} layers")
 
     def start(self, prompt_ids, hidden) -> None:
         self.draft.prefill(prompt_ids)

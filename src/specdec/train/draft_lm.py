@@ -262,6 +262,16 @@ def load_draft_lm(ckpt_dir: str, method: str, target_config, dtype=torch.float32
     return meta, model
 
 
+def open_draft(ckpt_dir: str, method: str, target, draft_len: int):
+    """A proposer's draft LM: (specdec.json, the model wrapped in the core's cache interface, so
+    the draft keeps its own KV cache), in the target's dtype and device."""
+    from ..core.target import TargetModel
+    if draft_len < 1:
+        raise ValueError(f"{method}: draft_len must be >= 1, got {draft_len}")
+    meta, model = load_draft_lm(ckpt_dir, method, target.config, target.dtype, target.device)
+    return meta, TargetModel(model)
+
+
 def export_hf_draft(ckpt_dir: str, method: str, target_dir: str, out_dir: str, require: tuple[str, ...] = ()) -> dict:
     """The directory vLLM loads as `speculative_config.model`: the draft's Hugging Face files
     (config, weights, tokenizer) without our metadata, after the same checks as loading; the
