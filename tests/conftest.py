@@ -25,3 +25,30 @@ def tiny_qwen2(seed=0):
 def tiny_model(request):
     torch.set_num_threads(1)
     return tiny_llama() if request.param == "llama" else tiny_qwen2()
+
+
+def distillation_set(model, root, taps, n_records=24, token_hi=64, completion=24):
+    """A tiny target saved under root/target, a distillation set of its own greedy completions
+    (train.jsonl; heldout.jsonl = its first 4 records) and the hidden-state artifact with `taps`."""
+    import random
+
+    from specdec.core.loop import decode
+    from specdec.core.target import TargetModel
+    from specdec.data.records import write_jsonl
+    from specdec.train.hidden import write_hidden_states
+
+    target_dir = root / "target"
+    model.save_pretrained(target_dir)
+    rng = random.Random(0)
+    records = []
+    for i in range(n_records):
+        prompt = [rng.randrange(3, token_hi) for _ in range(rng.randint(4, 12))]
+        with torch.inference_mode():
+            completion_ids = decode(TargetModel(model), prompt, completion, set()).output_ids
+        records.append({"id": f"r{i}", "prompt": "", "prompt_ids": prompt, "completion_ids": completion_ids})
+    write_jsonl(root / "train.jsonl", records)
+    write_jsonl(root / "heldout.jsonl", records[:4])
+    hidden = root / "hidden.safetensors"
+    write_hidden_states(str(target_dir), {"train": str(root / "train.jsonl"), "heldout": str(root / "heldout.jsonl")},
+                        list(taps), str(hidden), dtype="float32")
+    return {"model": model, "root": root, "target_dir": target_dir, "hidden": hidden, "records": records}

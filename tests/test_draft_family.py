@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from conftest import tiny_llama, tiny_qwen2
+from conftest import distillation_set, tiny_llama, tiny_qwen2
 from specdec.backends.hf_generate import hf_decode, peer_kwargs
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel
@@ -30,22 +30,10 @@ def greedy(model, prompt, n):
 def trained(request, tmp_path_factory):
     torch.set_num_threads(1)
     model = tiny_llama() if request.param == "llama" else tiny_qwen2()
-    root = tmp_path_factory.mktemp(f"draft-{request.param}")
-    target_dir = root / "target"
-    model.save_pretrained(target_dir)
-    rng = random.Random(0)
-    records = []
-    for i in range(24):
-        prompt = [rng.randrange(3, 63) for _ in range(rng.randint(4, 12))]
-        records.append({"id": f"r{i}", "prompt": "", "prompt_ids": prompt,
-                        "completion_ids": greedy(model, prompt, 24)})
-    write_jsonl(root / "train.jsonl", records)
-    write_jsonl(root / "heldout.jsonl", records[:4])
+    out = distillation_set(model, tmp_path_factory.mktemp(f"draft-{request.param}"), [1], token_hi=63)
+    root, target_dir, hidden, records = out["root"], out["target_dir"], out["hidden"], out["records"]
     used = {t for r in records for t in r["prompt_ids"] + r["completion_ids"]}
     pard_token = max(set(range(model.config.vocab_size)) - used)   # a token the data never uses
-    hidden = root / "hidden.safetensors"
-    write_hidden_states(str(target_dir), {"train": str(root / "train.jsonl"), "heldout": str(root / "heldout.jsonl")},
-                        [1], str(hidden), dtype="float32")
     draft_settings = {"num_layers": 2, "init_layers": [0, 2]}
     draft_model.train_checkpoint(str(hidden), str(target_dir), str(root / "draft"),
                                  {"train": FAST, "draft": draft_settings}, overlap=4)

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from conftest import tiny_llama, tiny_qwen2
+from conftest import distillation_set, tiny_llama, tiny_qwen2
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel
 from specdec.core.tree import root_paths
@@ -30,21 +30,8 @@ def trained(request, tmp_path_factory):
     the hidden-state artifact, and Medusa / MTP (1 and 2 modules) checkpoints trained on it."""
     torch.set_num_threads(1)
     model = tiny_llama() if request.param == "llama" else tiny_qwen2()
-    root = tmp_path_factory.mktemp(request.param)
-    target_dir = root / "target"
-    model.save_pretrained(target_dir)
-    rng = random.Random(0)
-    records = []
-    for i in range(24):
-        prompt = [rng.randrange(3, 64) for _ in range(rng.randint(4, 12))]
-        records.append({"id": f"r{i}", "prompt": "", "prompt_ids": prompt, "completion_ids": greedy(model, prompt, 24)})
-    write_jsonl(root / "train.jsonl", records)
-    write_jsonl(root / "heldout.jsonl", records[:4])
-    hidden = root / "hidden.safetensors"
-    L = model.config.num_hidden_layers
-    write_hidden_states(str(target_dir), {"train": str(root / "train.jsonl"), "heldout": str(root / "heldout.jsonl")},
-                        [1, L], str(hidden), dtype="float32")
-    out = {"model": model, "root": root, "target_dir": target_dir, "hidden": hidden, "records": records}
+    out = distillation_set(model, tmp_path_factory.mktemp(request.param), [1, model.config.num_hidden_layers])
+    root, target_dir, hidden = out["root"], out["target_dir"], out["hidden"]
     out["medusa_log"] = medusa.train_checkpoint(str(hidden), str(target_dir), str(root / "medusa"),
                                             {"train": FAST, "medusa": {"num_heads": 3}}, overlap=4)
     medusa.train_checkpoint(str(hidden), str(target_dir), str(root / "medusa_dv"),

@@ -18,6 +18,13 @@ def test_speculative_config_mapping():
     assert speculative_config("mtp", {"checkpoint": "x", "num_speculative_steps": 2}) == {
         "method": "mtp", "num_speculative_tokens": 2}
     assert speculative_config("mtp", {"checkpoint": "x"})["num_speculative_tokens"] == 1
+    # EAGLE-3: its LlamaForCausalLMEagle3 export as the draft; chain mode only
+    assert speculative_config("eagle3", {"checkpoint": "x", "draft_len": 2}, "exp") == {
+        "method": "eagle3", "model": "exp", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="chain mode"):
+        speculative_config("eagle3", {"checkpoint": "x", "draft_len": 4, "tree_topk": 3}, "exp")
+    with pytest.raises(ValueError, match="--draft-model"):
+        speculative_config("eagle3", {"checkpoint": "x"})
     with pytest.raises(ValueError, match="no vLLM mapping"):
         speculative_config("medusa", {})
 

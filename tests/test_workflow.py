@@ -79,10 +79,10 @@ def test_smoke_dag_end_to_end(smoke_run):
     wd = smoke_run
     tables = (wd / "results" / "tables.md").read_text()
     for name in ("ngram/k5", "suffix/d8", "hf_generate/greedy", "hf_prompt_lookup/k5",
-                 "medusa/len2_top2_nodes4", "mtp/steps2", "draft_model/len3", "pard/len3", "hf_assisted/len3"):
+                 "medusa/len2_top2_nodes4", "mtp/steps2", "draft_model/len3", "pard/len3", "hf_assisted/len3", "eagle3/chain2", "eagle3/tree3"):
         assert name in tables
     # learned proposers: trained through the DAG, with their log and eval proxy, listed in the tables
-    for ckpt in ("medusa/heads2", "mtp/modules2", "draft_model/layers1", "pard/layers1"):
+    for ckpt in ("medusa/heads2", "mtp/modules2", "draft_model/layers1", "pard/layers1", "eagle3/ttt2"):
         meta = "specdec.json" if ckpt.startswith(("draft", "pard")) else "config.json"
         cfg = json.loads((wd / "checkpoints" / ckpt / meta).read_text())
         assert len(cfg["train_log"]) == 3 and cfg["eval_proxy"]["heldout"]
@@ -122,6 +122,14 @@ def test_smoke_dag_end_to_end(smoke_run):
             assert m["settings"]["speculative_config"]["model"].endswith(f"vllm_exports/{name}-layers1")
             assert m["settings"]["speculative_config"].get("parallel_drafting", False) == (name == "pard")
             assert m["drafted_tokens"] > 0 and m["prompts"] == 2
+    # EAGLE-3 through vLLM, from its LlamaForCausalLMEagle3 export (chain mode)
+    for mode in ("serial", "batched"):
+        m = json.loads((wd / f"results/vllm/{mode}/chat_overlap/eagle3-chain2.summary.json").read_text())
+        assert "error" not in m, m.get("error")
+        assert m["settings"]["speculative_config"] == {
+            "method": "eagle3", "model": m["settings"]["speculative_config"]["model"], "num_speculative_tokens": 2}
+        assert m["settings"]["speculative_config"]["model"].endswith("vllm_exports/eagle3-ttt2")
+        assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     # the draft family: standalone Hugging Face drafts; PARD adapts the trained draft model
     pard_cfg = json.loads((wd / "checkpoints/pard/layers1/config.json").read_text())
     assert pard_cfg["pard_token"] == 16 and pard_cfg["vocab_size"] == 49152
@@ -167,6 +175,15 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     assert not [o for o in outputs if "medusa" in o or "mtp" in o or "hidden" in o], outputs
     assert sorted(o.split("/")[-1] for o in outputs if o.startswith("results/torch")) == \
         ["draft_model-len3.jsonl", "hf_assisted-len3.jsonl", "pard-len3.jsonl"]
+    shutil.copy2(REPO / "src" / "specdec" / "train" / "draft_lm.py", wd / "src" / "specdec" / "train" / "draft_lm.py")
+    # EAGLE-3: its training, export, chain and tree benchmarks and vLLM rows, nothing else
+    edit(wd / "src" / "specdec" / "methods" / "eagle3.py")
+    out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
+    assert job_counts(out) == {"train_proposer": 1, "bench_torch_method": 2, "export_vllm": 1,
+                               "bench_vllm_method": 2, "report": 1}
+    assert all("eagle3" in o or o.startswith("results/tables") or o.startswith("results/plots") or "readme" in o
+               for o in re.findall(r"output: ([^\s,]+)", out)), out
+    shutil.copy2(REPO / "src" / "specdec" / "methods" / "eagle3.py", wd / "src" / "specdec" / "methods" / "eagle3.py")
     # an edit of the shared core reruns every benchmark, but not the data sets or the target
     edit(wd / "src" / "specdec" / "core" / "verify.py")
     counts = job_counts(smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout)

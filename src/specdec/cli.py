@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-memory-utilization", type=float, required=True)
     s.add_argument("--max-model-len", type=int, required=True)
     s.add_argument("--model", help="serve this directory instead of the target (an MTP export)")
-    s.add_argument("--draft-model", help="the draft LM's export directory (draft_model, pard)")
+    s.add_argument("--draft-model", help="the draft's export directory (draft_model, pard, eagle3)")
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_vllm)

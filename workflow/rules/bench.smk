@@ -21,7 +21,7 @@ rule bench_torch_baseline:
     params:
         target=target_dir,
         limit=lambda wc: bench_setting(wc.dataset)["prompts"],
-        max_new=lambda wc: bench_setting(wc.dataset)["max_new_tokens"],
+        max_new=lambda wc: max_new_tokens(wc.dataset, wc.dtype),
         warmup=config["bench"]["warmup_prompts"],
         device=config["device"],
         threads=config["threads"],
@@ -53,7 +53,7 @@ rule bench_torch_method:
         method_params=method_params,
         counterpart=counterpart_args,
         limit=lambda wc: bench_setting(wc.dataset)["prompts"],
-        max_new=lambda wc: bench_setting(wc.dataset)["max_new_tokens"],
+        max_new=lambda wc: max_new_tokens(wc.dataset, wc.dtype),
         warmup=config["bench"]["warmup_prompts"],
         device=config["device"],
         threads=config["threads"],

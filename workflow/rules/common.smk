@@ -84,6 +84,12 @@ def bench_setting(dataset):
     return config["bench"]["datasets"][dataset]
 
 
+def max_new_tokens(dataset, dtype):
+    """bench.datasets.X.max_new_tokens, or its max_new_tokens_by_dtype entry for this dtype."""
+    d = bench_setting(dataset)
+    return d.get("max_new_tokens_by_dtype", {}).get(dtype, d["max_new_tokens"])
+
+
 def torch_baseline(dtype, dataset):
     return f"results/torch/{dtype}/{dataset}/baseline.jsonl"
 
@@ -165,7 +171,7 @@ def vllm_summaries():
 
 # methods whose checkpoint vLLM loads from an export (checkpoints/vllm_exports/<method>-<name>/):
 # the MTP export replaces the target (--model), a draft LM's is the drafter (--draft-model)
-VLLM_EXPORTS = {"mtp": "--model", "draft_model": "--draft-model", "pard": "--draft-model"}
+VLLM_EXPORTS = {"mtp": "--model", "draft_model": "--draft-model", "pard": "--draft-model", "eagle3": "--draft-model"}
 
 
 def vllm_export(wildcards):

@@ -17,7 +17,7 @@ rule bench_vllm_baseline:
     params:
         target=target_dir,
         limit=lambda wc: bench_setting(wc.dataset)["prompts"],
-        max_new=lambda wc: bench_setting(wc.dataset)["max_new_tokens"],
+        max_new=lambda wc: max_new_tokens(wc.dataset, config["vllm"]["dtype"]),
         engine=vllm_engine_args,
     conda:
         CONDA_ENV
@@ -63,7 +63,7 @@ rule bench_vllm_method:
         model=vllm_model_arg,
         method_params=method_params,
         limit=lambda wc: bench_setting(wc.dataset)["prompts"],
-        max_new=lambda wc: bench_setting(wc.dataset)["max_new_tokens"],
+        max_new=lambda wc: max_new_tokens(wc.dataset, config["vllm"]["dtype"]),
         engine=vllm_engine_args,
     conda:
         CONDA_ENV

@@ -37,7 +37,8 @@ def preload_intel_openmp(argv: list[str]) -> None:
 
 
 def speculative_config(method: str, params: dict, draft_dir: str | None = None) -> dict | None:
-    """Our method parameters -> vLLM's speculative_config (`draft_dir`: the draft LM's export)."""
+    """Our method parameters -> vLLM's speculative_config (`draft_dir`: the draft LM's or
+    the EAGLE-3 drafter's export)."""
     if method == "baseline":
         return None
     if method == "ngram":
@@ -53,6 +54,12 @@ def speculative_config(method: str, params: dict, draft_dir: str | None = None) 
     if method == "mtp":
         # the model is the MiMo export (target + MTP layers); vLLM runs its MTP layer 0 per step
         return {"method": "mtp", "num_speculative_tokens": params.get("num_speculative_steps") or 1}
+    if method == "eagle3":
+        if draft_dir is None:
+            raise ValueError("eagle3: vLLM needs the drafter's export directory (--draft-model)")
+        if params.get("tree_topk", 1) != 1:
+            raise ValueError("eagle3: the vLLM rows run chain mode (tree_topk 1); vLLM's tree drafting is not used")
+        return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": params.get("draft_len", 2)}
     if method in ("draft_model", "pard"):
         if draft_dir is None:
             raise ValueError(f"{method}: vLLM needs the draft's export directory (--draft-model)")

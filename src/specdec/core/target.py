@@ -15,6 +15,8 @@ are captured with forward hooks, so no modeling file is touched.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -61,6 +63,15 @@ class PreallocatedLayer(DynamicLayer):
             raise ValueError("PreallocatedLayer.crop takes a negative count (tokens to remove)")
         self._len = max(0, self._len + tokens_to_remove)
         self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+
+
+def one_layer_config(config):
+    """The target's config cut to one decoder layer: a one-layer drafter block and its cache."""
+    cfg = copy.deepcopy(config)
+    cfg.num_hidden_layers = 1
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:1]
+    return cfg
 
 
 def new_cache(config) -> DynamicCache:

@@ -30,11 +30,12 @@ def depths(parents: list[int]) -> list[int]:
 
 
 def ancestor_matrix(parents: list[int]) -> torch.Tensor:
-    """visible[i, j] is True when node j is node i or one of its ancestors."""
+    """visible[i, j] is True when node j is node i or one of its ancestors (parent -1: a root;
+    several roots make a forest)."""
     n = len(parents)
     visible = torch.zeros(n, n, dtype=torch.bool)
     for i in range(n):
-        if i:
+        if parents[i] >= 0:
             visible[i] = visible[parents[i]]  # a node sees what its parent sees ...
         visible[i, i] = True  # ... and itself
     return visible

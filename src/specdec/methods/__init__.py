@@ -12,6 +12,7 @@ METHODS = {
     "mtp": "specdec.methods.mtp",
     "draft_model": "specdec.methods.draft_model",
     "pard": "specdec.methods.pard",
+    "eagle3": "specdec.methods.eagle3",
 }
 
 

@@ -16,7 +16,6 @@ tokens are computed for the draft, then cropped from the cache.
 """
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import asdict, dataclass
 
@@ -25,22 +24,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.loop import Draft, StepResult
-from ..core.target import new_cache
+from ..core.target import new_cache, one_layer_config
 from ..core.tree import tree_attention_inputs
 from ..train.checkpoint import load_proposer, save_trained
 from ..train.hidden import HiddenStates
 from ..train.loop import TrainConfig, fingerprint, train
 
 METHOD = "mtp"
-
-
-def one_layer_config(config):
-    """The target's config cut to one decoder layer: the MTP block (and its one-layer cache)."""
-    cfg = copy.deepcopy(config)
-    cfg.num_hidden_layers = 1
-    if getattr(cfg, "layer_types", None):
-        cfg.layer_types = cfg.layer_types[:1]
-    return cfg
 
 
 class MTPLayer(nn.Module):

@@ -156,8 +156,9 @@ def render_checkpoints(ckpt_dirs) -> str:
         return ""
     lines = ["## Trained checkpoints", "",
              "Eval proxy: teacher-forced top-1 accuracy on the target's greedy completions, per Medusa "
-             "head (head k predicts token t+1+k), MTP module, or draft position (draft model: the next "
-             "token; PARD: tokens 1..K from one forward); train-overlap = the first training records, "
+             "head (head k predicts token t+1+k), MTP module, EAGLE-3 TTT step (step s drafts from its own "
+             "states of steps < s), or draft position (draft model: the next token; PARD: tokens 1..K "
+             "from one forward); train-overlap = the first training records, "
              "held-out = the held-out chat prompts.", "",
              "| Checkpoint | Steps x batch | Train time | Final train loss | Train-overlap accuracy | Held-out accuracy |",
              "|---|---|---|---|---|---|"]
