@@ -12,7 +12,7 @@ from specdec.core.loop import decode
 from specdec.core.target import TargetModel, new_cache
 from specdec.core.tree import tree_attention_inputs
 from specdec.methods import build_proposer, eagle3
-from specdec.train.hidden import HiddenStates
+from specdec.train.hidden import HiddenStates, Sequence
 
 FAST = {"steps": 60, "batch_size": 8, "lr": 1e-2, "warmup_steps": 2, "save_every": 25, "log_every": 1}
 TAPS = [1, 2, 3]
@@ -68,31 +68,38 @@ def _step_by_step(drafter, model, ids, feats, j, steps):
 
 @pytest.mark.parametrize("vocab_size", [None, 40])
 def test_ttt_unroll_matches_step_by_step_drafting(vocab_size):
-    """Row j at TTT step s has the logits the drafter produces at inference after s own steps
-    from position j (masks, positions and state feedback of the unroll)."""
+    """Every labelled row j at TTT step s has the logits the drafter produces at inference after s
+    own steps from position j (masks, positions, left padding, the rows skipped after step 0 and
+    the state feedback of the unroll)."""
     torch.manual_seed(0)
     model = tiny_llama()
-    V = model.config.vocab_size
+    V, H = model.config.vocab_size, model.config.hidden_size
     vocab = torch.arange(V) if vocab_size is None else torch.randperm(V)[:vocab_size].sort().values
     drafter = eagle3.Eagle3Drafter.for_target(model, TAPS, vocab)
     drafter.init_from_target(model)
     with torch.no_grad():
         for p in drafter.parameters():
             p.add_(0.05 * torch.randn_like(p))  # away from the structured initialisation
-    n, steps = 11, 3
-    ids = torch.randint(3, V, (2, n))
-    feats = torch.randn(2, n, 3 * model.config.hidden_size)
-    label_ok = torch.ones(2, n, dtype=torch.bool)
+    steps = 3
+    seqs = [Sequence(torch.randint(3, V, (p + t,)), p, {tap: torch.randn(p + t, H) for tap in TAPS})
+            for p, t in ((9, 6), (12, 4), (4, 7))]
+    batch = eagle3.ttt_batch(seqs, TAPS, None, torch.float32, "cpu")
+    assert batch[3].tolist() == [3, 0, 8]       # left padding: every completion starts in column 12
     with torch.no_grad():
-        outs = eagle3.ttt_unroll(drafter, model, ids, feats, label_ok, steps)
+        outs = eagle3.ttt_unroll(drafter, model, batch, steps)
         for s, (logits, labels) in enumerate(outs):
-            rows = n - 2 - s                         # rows whose label x_(j+s+2) exists
-            assert logits.shape == (2 * rows, len(vocab))
-            assert torch.equal(labels, ids[:, s + 2:].reshape(-1))
-            for b in range(2):
-                for j in (0, rows // 2, rows - 1):
-                    ref = _step_by_step(drafter, model, ids[b], feats[b], j, s + 1)[s]
-                    assert torch.allclose(logits[b * rows + j], ref, atol=1e-4), (b, j, s)
+            assert logits.shape[1] == len(vocab)
+            k = 0
+            for seq in seqs:
+                n = len(seq.ids)
+                feats = torch.cat([seq.taps[t] for t in TAPS], dim=-1)
+                for j in range(n):
+                    if seq.prompt_len <= j + s + 2 < n:   # labelled: a completion token
+                        ref = _step_by_step(drafter, model, seq.ids, feats, j, s + 1)[s]
+                        assert labels[k] == seq.ids[j + s + 2]
+                        assert torch.allclose(logits[k], ref, atol=1e-4), (j, s)
+                        k += 1
+            assert k == len(labels)
 
 
 def test_training_lowers_the_loss_and_writes_the_acceptance_proxy(trained):

@@ -105,52 +105,68 @@ class Eagle3TrainConfig:
     train_context: int | None = 96       # prompt tokens kept before each completion (None: all)
 
 
-def ttt_masks(m: int, steps: int, dtype) -> list[torch.Tensor]:
-    """Additive masks (1, 1, m, (s+1) m) per step s: causal over step 0's keys, then the row's own
+def ttt_masks(m: int, steps: int, dtype, start: torch.Tensor | None = None, first_row: int = 0) -> list[torch.Tensor]:
+    """Additive masks per TTT step. Step 0: (B, 1, m, m), causal over the step-0 keys from the
+    sequence's first real column `start[b]` on (left padding sees only itself). Step s >= 1, rows
+    first_row..m-1 only (r of them): (B, 1, r, m + s r), the same step-0 keys plus the row's own
     key of each later step (a diagonal block)."""
-    blocks = [torch.ones(m, m, dtype=torch.bool).tril()]
+    start = torch.zeros(1, dtype=torch.long) if start is None else start.cpu()
+    j = torch.arange(m)
+    block0 = (j[None, :] <= j[:, None])[None] & ((j[None, None, :] >= start[:, None, None]) | (j[None, :] == j[:, None])[None])
+    r = m - first_row
+    eye = torch.eye(r, dtype=torch.bool)[None].expand(len(start), -1, -1)
     out = []
     for s in range(steps):
-        if s:
-            blocks.append(torch.eye(m, dtype=torch.bool))
-        visible = torch.cat(blocks, dim=1)
-        out.append(torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)[None, None])
+        visible = block0 if s == 0 else torch.cat([block0[:, first_row:]] + [eye] * s, dim=2)
+        out.append(torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)[:, None])
     return out
 
 
 def ttt_batch(seqs, taps: list[int], context: int | None, dtype, device):
-    """Right-padded (ids, fused-input taps (B, n, T*H), completion-label mask); prompts clipped to
-    their last `context` tokens."""
+    """(ids, fused-input taps (B, n, T*H), completion-label mask, first real column), prompts
+    clipped to their last `context` tokens and left-padded so that every completion starts in the
+    same column: later TTT steps then only run the rows that lead to a label."""
     clipped = []
     for s in seqs:
         a = 0 if context is None else max(0, s.prompt_len - context)
         clipped.append((s.ids[a:], torch.cat([s.taps[t][a:] for t in taps], dim=-1), s.prompt_len - a))
-    n = max(len(ids) for ids, _, _ in clipped)
+    C = max(p for _, _, p in clipped)
+    n = C + max(len(x) - p for x, _, p in clipped)
     ids = torch.zeros(len(seqs), n, dtype=torch.long)
     feats = torch.zeros(len(seqs), n, clipped[0][1].shape[-1], dtype=dtype)
     label_ok = torch.zeros(len(seqs), n, dtype=torch.bool)
+    start = torch.zeros(len(seqs), dtype=torch.long)
     for b, (x, f, p) in enumerate(clipped):
-        ids[b, :len(x)], feats[b, :len(x)], label_ok[b, p:len(x)] = x, f.to(dtype), True
-    return ids.to(device), feats.to(device), label_ok.to(device)
+        o = start[b] = C - p
+        ids[b, o:o + len(x)], feats[b, o:o + len(x)], label_ok[b, C:o + len(x)] = x, f.to(dtype), True
+    return ids.to(device), feats.to(device), label_ok.to(device), start.to(device)
 
 
-def ttt_unroll(drafter: Eagle3Drafter, model, ids, feats, label_ok, steps: int):
-    """The TTT unroll over a batch -> per step (draft logits of labelled rows, target-id labels)."""
+def ttt_unroll(drafter: Eagle3Drafter, model, batch, steps: int):
+    """The TTT unroll over a ttt_batch -> per step (draft logits of labelled rows, target-id labels)."""
+    ids, feats, label_ok, start = batch
     B, n = ids.shape
     m = n - 1                                       # rows 0..n-2 (row j reads token j+1)
     embed, rotary = model.model.embed_tokens, model.model.rotary_emb
     ids_pad = F.pad(ids, (0, steps + 1))            # tokens past the end: 0, never labelled
     ok_pad = F.pad(label_ok, (0, steps + 1))
-    masks = ttt_masks(m, steps, feats.dtype)
+    # after step 0 only rows with a label at some later step matter: j + s + 2 >= first label
+    labelled = label_ok.any(0).nonzero()
+    first = int(labelled[0]) if len(labelled) else n
+    a = max(0, min(m - 1, first - steps - 1))
+    masks = ttt_masks(m, steps, feats.dtype, start, a)
     cache = DynamicCache(config=drafter.layer_config)  # keys of every step; autograd through them
     g = drafter.fc(feats[:, :m])
     out = []
     for s in range(steps):
-        pos = (torch.arange(m, device=ids.device) + s)[None].expand(B, -1)  # row j drafts position j+s
-        emb = embed(ids_pad[:, s + 1:s + 1 + m])
+        rows = torch.arange(0 if s == 0 else a, m, device=ids.device)
+        if s == 1:
+            g = g[:, a:]
+        pos = (rows[None] - start[:, None]).clamp(min=0) + s  # row j drafts position j+s
+        emb = embed(ids_pad[:, rows + s + 1])
         g, normed = drafter(g, emb, pos, rotary(g, pos), masks[s].to(ids.device), cache)
-        ok = ok_pad[:, s + 2:s + 2 + m]             # the label of row j at step s is x_(j+s+2)
-        out.append((drafter.lm_head(normed[ok]), ids_pad[:, s + 2:s + 2 + m][ok]))
+        ok = ok_pad[:, rows + s + 2]                # the label of row j at step s is x_(j+s+2)
+        out.append((drafter.lm_head(normed[ok]), ids_pad[:, rows + s + 2][ok]))
     return out
 
 
@@ -212,7 +228,7 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
     def loss_fn(module, step):
         a = (step * tcfg.batch_size) % len(order)
         batch = [train_seqs[i] for i in (order + order)[a:a + tcfg.batch_size]]
-        loss, accs = ttt_loss(ttt_unroll(module, model, *batch_of(batch), ecfg.ttt_steps), t2d, ecfg.loss_decay)
+        loss, accs = ttt_loss(ttt_unroll(module, model, batch_of(batch), ecfg.ttt_steps), t2d, ecfg.loss_decay)
         return loss, {f"acc_step{s + 1}": acc for s, acc in enumerate(accs)}
 
     run_id = fingerprint(asdict(tcfg), asdict(ecfg), hs.meta, len(train_seqs))
@@ -228,7 +244,7 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
             hits = torch.zeros(ecfg.ttt_steps)
             count = torch.zeros(ecfg.ttt_steps)
             for a in range(0, len(seqs), tcfg.batch_size):
-                outs = ttt_unroll(drafter, model, *batch_of(seqs[a:a + tcfg.batch_size]), ecfg.ttt_steps)
+                outs = ttt_unroll(drafter, model, batch_of(seqs[a:a + tcfg.batch_size]), ecfg.ttt_steps)
                 for s, (logits, labels) in enumerate(outs):
                     hits[s] += (vocab.to(device)[logits.argmax(-1)] == labels).sum().item()
                     count[s] += len(labels)
