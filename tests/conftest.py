@@ -52,3 +52,34 @@ def distillation_set(model, root, taps, n_records=24, token_hi=64, completion=24
     write_hidden_states(str(target_dir), {"train": str(root / "train.jsonl"), "heldout": str(root / "heldout.jsonl")},
                         list(taps), str(hidden), dtype="float32")
     return {"model": model, "root": root, "target_dir": target_dir, "hidden": hidden, "records": records}
+
+
+def check_against_fresh_proposer(model, method: str, params: dict, records, compare, max_new_tokens=24):
+    """Decode `records` with a proposer whose every propose() is checked against a fresh proposer
+    that prefilled the verified sequence in one go: `compare(prop, fresh, ids, draft, fresh_draft)`
+    asserts they agree. Returns (checks made, accepted counts seen)."""
+    from specdec.core.loop import decode
+    from specdec.core.target import TargetModel
+    from specdec.methods import build_proposer
+
+    target = TargetModel(model)
+    prop = build_proposer(method, params, target)
+    checked, outcomes = 0, set()
+    original = prop.propose
+
+    def checked_propose(ids):
+        nonlocal checked
+        draft = original(ids)
+        fresh_target = TargetModel(model)
+        fresh = build_proposer(method, params, fresh_target)
+        _, hidden = fresh_target.prefill(ids[:-1], fresh.tap_layers)
+        fresh.start(ids[:-1], hidden)
+        compare(prop, fresh, ids, draft, fresh.propose(ids))
+        checked += 1
+        return draft
+
+    prop.propose = checked_propose
+    for rec in records:
+        with torch.inference_mode():
+            outcomes.update(decode(target, rec["prompt_ids"], max_new_tokens, set(), prop).accepted)
+    return checked, outcomes

@@ -11,12 +11,11 @@ from conftest import distillation_set, tiny_llama, tiny_qwen2
 from specdec.backends.hf_generate import hf_decode, peer_kwargs
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel
-from specdec.data.records import write_jsonl
 from specdec.methods import build_proposer, draft_model, pard
 from specdec.train.checkpoint import CheckpointMismatch
 from specdec.train.draft_lm import (IGNORE, DraftLMConfig, causal_batch, default_init_layers,
                                     derive_from_target, load_draft_lm)
-from specdec.train.hidden import Sequence, write_hidden_states
+from specdec.train.hidden import Sequence
 
 FAST = {"steps": 60, "batch_size": 8, "lr": 2e-2, "warmup_steps": 2, "save_every": 25, "log_every": 1}
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import distillation_set, tiny_llama, tiny_qwen2
+from conftest import check_against_fresh_proposer, distillation_set, tiny_llama, tiny_qwen2
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel, new_cache
 from specdec.core.tree import tree_attention_inputs
@@ -229,33 +229,15 @@ def _depth(parents, i):
 def test_drafter_cache_matches_a_from_scratch_run_after_partial_acceptance(trained, params):
     """After every verification step the drafter's cache and its draft equal those of a fresh
     proposer that processes the verified sequence in one go."""
-    model = trained["model"]
-    path = str(trained["root"] / "ttt3")
-    target = TargetModel(model)
-    prop = build_proposer("eagle3", {"checkpoint": path, **params}, target)
-    checked, outcomes = 0, set()
-    original = prop.propose
-
-    def checked_propose(ids):
-        nonlocal checked
-        draft = original(ids)
-        fresh_target = TargetModel(model)
-        fresh = build_proposer("eagle3", {"checkpoint": path, **params}, fresh_target)
-        _, hidden = fresh_target.prefill(ids[:-1], fresh.tap_layers)
-        fresh.start(ids[:-1], hidden)
-        again = fresh.propose(ids)
-        assert again.tokens == draft.tokens and again.parents == draft.parents
+    def compare(prop, fresh, ids, draft, fresh_draft):
+        assert fresh_draft.tokens == draft.tokens and fresh_draft.parents == draft.parents
         assert prop.committed == fresh.committed == len(ids) - 1
         a, b = prop.cache.layers[0], fresh.cache.layers[0]
         assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
-        checked += 1
-        return draft
 
-    prop.propose = checked_propose
-    for rec in trained["records"][:4] + [{"prompt_ids": [5, 9, 13, 4, 22]}]:
-        with torch.inference_mode():
-            r = decode(target, rec["prompt_ids"], 24, set(), prop)
-        outcomes.update(r.accepted)
+    checked, outcomes = check_against_fresh_proposer(
+        trained["model"], "eagle3", {"checkpoint": str(trained["root"] / "ttt3"), **params},
+        trained["records"][:4] + [{"prompt_ids": [5, 9, 13, 4, 22]}], compare)
     assert checked > 10
     assert 0 in outcomes and max(outcomes) >= 1  # both rejection and (partial) acceptance happened
 

@@ -5,15 +5,14 @@ import random
 import pytest
 import torch
 
-from conftest import distillation_set, tiny_llama, tiny_qwen2
+from conftest import check_against_fresh_proposer, distillation_set, tiny_llama, tiny_qwen2
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel
 from specdec.core.tree import root_paths
-from specdec.data.records import write_jsonl
 from specdec.methods import build_proposer
 from specdec.methods import medusa, mtp
 from specdec.train.checkpoint import CheckpointMismatch
-from specdec.train.hidden import HiddenStates, write_hidden_states
+from specdec.train.hidden import HiddenStates
 
 EOS = {2}
 FAST = {"steps": 40, "batch_size": 8, "lr": 3e-3, "warmup_steps": 2, "save_every": 15, "log_every": 1}
@@ -138,33 +137,16 @@ def test_lossless_fp32(trained, method, params):
 def test_mtp_caches_match_a_from_scratch_run_after_partial_acceptance(trained, ckpt):
     """After every verification step (some drafts accepted, some not), each module's KV cache
     and draft equal those of a fresh proposer that processes the verified sequence in one go."""
-    model = trained["model"]
-    path = str(trained["root"] / ckpt)
-    target = TargetModel(model)
-    prop = build_proposer("mtp", {"checkpoint": path}, target)
-    checked, outcomes = 0, set()
-    original = prop.propose
-
-    def checked_propose(ids):
-        nonlocal checked
-        draft = original(ids)
-        fresh_target = TargetModel(model)
-        fresh = build_proposer("mtp", {"checkpoint": path}, fresh_target)
-        _, hidden = fresh_target.prefill(ids[:-1], fresh.tap_layers)
-        fresh.start(ids[:-1], hidden)
-        assert fresh.propose(ids).tokens == draft.tokens
+    def compare(prop, fresh, ids, draft, fresh_draft):
+        assert fresh_draft.tokens == draft.tokens
         for k in range(prop.steps):
             assert prop.committed[k] == fresh.committed[k] == len(ids) - 1 - k
             a, b = prop.caches[k].layers[0], fresh.caches[k].layers[0]
             assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
-        checked += 1
-        return draft
 
-    prop.propose = checked_propose
-    for rec in trained["records"][:4] + [{"prompt_ids": [5, 9, 13, 4, 22]}]:
-        with torch.inference_mode():
-            r = decode(target, rec["prompt_ids"], 24, set(), prop)
-        outcomes.update(r.accepted)
+    checked, outcomes = check_against_fresh_proposer(
+        trained["model"], "mtp", {"checkpoint": str(trained["root"] / ckpt)},
+        trained["records"][:4] + [{"prompt_ids": [5, 9, 13, 4, 22]}], compare)
     assert checked > 10
     assert 0 in outcomes and max(outcomes) >= 1  # both rejection and (partial) acceptance happened
 

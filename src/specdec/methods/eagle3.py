@@ -33,7 +33,7 @@ from transformers import DynamicCache
 from ..core.loop import Draft, StepResult
 from ..core.target import new_cache, one_layer_config
 from ..core.tree import ancestor_matrix, tree_attention_inputs
-from ..train.checkpoint import load_proposer, save_trained
+from ..train.checkpoint import load_proposer, save_trained, write_model_dir
 from ..train.hidden import HiddenStates
 from ..train.loop import TrainConfig, fingerprint, train
 from ..train.vocab import coverage, frequent_tokens
@@ -366,14 +366,7 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     (draft index i -> target id i + d2t[i]) only for a reduced draft vocabulary (vLLM refuses
     d2t otherwise), no embedding (vLLM shares the target's). Config: a one-layer Llama with
     `draft_vocab_size`, `target_hidden_size` and `eagle_aux_hidden_state_layer_ids`."""
-    import os
-    import shutil
-    from pathlib import Path
-
-    from safetensors.torch import save_file
     from transformers import AutoConfig, LlamaConfig
-
-    from ..data.records import write_json
 
     tcfg = AutoConfig.from_pretrained(target_dir)
     meta, state = load_proposer(ckpt_dir, METHOD, tcfg)
@@ -399,13 +392,6 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
                   target_hidden_size=tcfg.hidden_size, eagle_aux_hidden_state_layer_ids=taps,
                   eagle_config={"eagle_aux_hidden_state_layer_ids": taps, "use_aux_hidden_state": True},
                   dtype=str(dtype).removeprefix("torch."))
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
-    write_json(tmp / "config.json", config)
-    write_json(tmp / "manifest.json", {"method": METHOD, "export": "vllm LlamaForCausalLMEagle3",
-                                       "checkpoint": str(ckpt_dir), "target": str(target_dir), "taps": taps})
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    write_model_dir(out_dir, weights, config,
+                    {"method": METHOD, "export": "vllm LlamaForCausalLMEagle3", "checkpoint": str(ckpt_dir),
+                     "target": str(target_dir), "taps": taps})

@@ -16,7 +16,6 @@ tokens are computed for the draft, then cropped from the cache.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -26,7 +25,7 @@ from torch import nn
 from ..core.loop import Draft, StepResult
 from ..core.target import new_cache, one_layer_config
 from ..core.tree import tree_attention_inputs
-from ..train.checkpoint import load_proposer, save_trained
+from ..train.checkpoint import load_proposer, save_trained, write_model_dir
 from ..train.hidden import HiddenStates
 from ..train.loop import TrainConfig, fingerprint, train
 
@@ -234,13 +233,10 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     qwen2, architectures [MiMoForCausalLM], num_nextn_predict_layers = K. vLLM then serves the
     directory as the target and, with speculative_config {"method": "mtp"}, as its drafter."""
     import glob
-    import shutil
     from pathlib import Path
 
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     from transformers import AutoConfig, Qwen2Config
-
-    from ..data.records import write_json
 
     tcfg = AutoConfig.from_pretrained(target_dir)
     if tcfg.model_type not in ("llama", "qwen2"):
@@ -282,17 +278,9 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     config = qwen.to_dict()
     config.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=K, dtype=str(dtype).removeprefix("torch."))
 
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
-    write_json(tmp / "config.json", config)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
-                 "special_tokens_map.json", "vocab.json", "merges.txt"):
-        if (Path(target_dir) / name).exists():
-            shutil.copy2(Path(target_dir) / name, tmp / name)
-    write_json(tmp / "manifest.json", {"method": METHOD, "export": "vllm MiMoForCausalLM", "checkpoint": str(ckpt_dir),
-                                       "target": str(target_dir), "num_nextn_predict_layers": K})
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    write_model_dir(out_dir, weights, config,
+                    {"method": METHOD, "export": "vllm MiMoForCausalLM", "checkpoint": str(ckpt_dir),
+                     "target": str(target_dir), "num_nextn_predict_layers": K},
+                    copy_from=target_dir,
+                    copy_names=("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                                "generation_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"))

@@ -43,6 +43,28 @@ def save_trained(out_dir: str, method: str, settings: dict, state: dict[str, tor
     finish(out_dir)
 
 
+def write_model_dir(out_dir: str, weights: dict[str, torch.Tensor], config: dict, manifest: dict,
+                    copy_from: str | None = None, copy_names: tuple[str, ...] = ()) -> None:
+    """A directory vLLM loads (model.safetensors, config.json, the named files copied from
+    `copy_from` where present) plus manifest.json, written beside it as `<out>.partial` and moved
+    into place at the end: an interrupted export never leaves a half-written directory."""
+    import os
+    import shutil
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
+    write_json(tmp / "config.json", config)
+    for name in copy_names:
+        if (Path(copy_from) / name).exists():
+            shutil.copy2(Path(copy_from) / name, tmp / name)
+    write_json(tmp / "manifest.json", manifest)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+
+
 def load_proposer(ckpt_dir: str, method: str, target_config) -> tuple[dict, dict[str, torch.Tensor]]:
     """-> (config.json contents, state dict), after checking it was made for this method and a
     target of this shape; a mismatch names the field and both values."""
