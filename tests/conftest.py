@@ -67,14 +67,14 @@ def check_against_fresh_proposer(model, method: str, params: dict, records, comp
     checked, outcomes = 0, set()
     original = prop.propose
 
-    def checked_propose(ids):
+    def checked_propose(ids, max_depth=None):
         nonlocal checked
-        draft = original(ids)
+        draft = original(ids, max_depth)
         fresh_target = TargetModel(model)
         fresh = build_proposer(method, params, fresh_target)
         _, hidden = fresh_target.prefill(ids[:-1], fresh.tap_layers)
         fresh.start(ids[:-1], hidden)
-        compare(prop, fresh, ids, draft, fresh.propose(ids))
+        compare(prop, fresh, ids, draft, fresh.propose(ids, max_depth))
         checked += 1
         return draft
 

@@ -21,7 +21,7 @@ class RandomChain:
     def start(self, prompt_ids, hidden):
         pass
 
-    def propose(self, ids):
+    def propose(self, ids, max_depth=None):  # ignores max_depth: the loop prunes
         return Draft.chain([self.rng.randrange(self.vocab) for _ in range(self.rng.randint(0, self.k))])
 
     def observe(self, step):
@@ -29,7 +29,7 @@ class RandomChain:
 
 
 class RandomTree(RandomChain):
-    def propose(self, ids):
+    def propose(self, ids, max_depth=None):
         n = self.rng.randint(1, 10)
         parents = [-1] + [self.rng.randrange(-1, i) for i in range(1, n)]
         return Draft([self.rng.randrange(self.vocab) for _ in range(n)], parents)
@@ -46,7 +46,7 @@ class Oracle(RandomChain):
     def start(self, prompt_ids, hidden):
         self.prompt_len = len(prompt_ids)
 
-    def propose(self, ids):
+    def propose(self, ids, max_depth=None):
         done = len(ids) - self.prompt_len
         truth = self.reference[done: done + self.rng.randint(1, 8)]
         if not truth:
@@ -89,13 +89,51 @@ def test_oracle_accepts_long_runs(tiny_model):
     ref = baseline(target, prompt, 40)
 
     class Perfect(Oracle):
-        def propose(self, ids):
+        def propose(self, ids, max_depth=None):
             done = len(ids) - self.prompt_len
             return Draft.chain(self.reference[done: done + 4]) if self.reference[done:done + 4] else None
 
     out = decode(target, prompt, 40, EOS, Perfect(0, ref))
     assert out.output_ids == ref
     assert len(out.drafted) < len(ref) / 3  # 4 drafts + 1 bonus per step
+
+
+def test_drafts_past_max_new_tokens_are_pruned(tiny_model):
+    """A step emits its accepted drafts + 1: the loop asks for no deeper draft than can still be
+    emitted and prunes what a proposer drafts past it, so no verified token is wasted."""
+    target = TargetModel(tiny_model)
+    prompt = [5, 9, 11, 13]
+    ref = decode(target, prompt, 10, set()).output_ids
+
+    class Perfect4:
+        tap_layers = ()
+        asked = []
+
+        def start(self, prompt_ids, hidden):
+            self.prompt_len = len(prompt_ids)
+
+        def propose(self, ids, max_depth=None):
+            self.asked.append(max_depth)
+            done = len(ids) - self.prompt_len
+            tree = Draft(ref[done: done + 4] + [0], [-1, 0, 1, 2, 0])   # a 4-deep path + a leaf
+            return tree
+
+        def observe(self, step):
+            pass
+
+    out = decode(target, prompt, 10, set(), Perfect4())
+    assert out.output_ids == ref
+    # 1 token from the prefill (9 left: 8 drafts + 1), then 4 accepted + 1, then 4 left: 3 drafts
+    assert Perfect4.asked == [8, 3] and out.drafted == [5, 4] and out.accepted == [4, 3]
+    assert out.depth == [4, 3]
+
+
+def test_draft_prune_keeps_shallow_nodes_and_reindexes_parents():
+    d = Draft([10, 11, 12, 13, 14], [-1, 0, -1, 1, 2])   # depths 1, 2, 1, 3, 2
+    assert d.prune(3) is d
+    p = d.prune(2)
+    assert p.tokens == [10, 11, 12, 14] and p.parents == [-1, 0, -1, 2]
+    assert d.prune(1).tokens == [10, 12] and d.prune(1).parents == [-1, -1]
 
 
 def test_eos_stops_exactly_like_greedy(tiny_model):

@@ -38,6 +38,17 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def prune(self, max_depth: int) -> "Draft":
+        """The nodes at depth <= max_depth (depth 1: children of the pending token)."""
+        depth, keep = [], {}
+        for i, p in enumerate(self.parents):
+            depth.append(1 if p < 0 else depth[p] + 1)
+            if depth[i] <= max_depth:
+                keep[i] = len(keep)
+        if len(keep) == len(self.tokens):
+            return self
+        return Draft([self.tokens[i] for i in keep], [-1 if self.parents[i] < 0 else keep[self.parents[i]] for i in keep])
+
 
 @dataclass
 class StepResult:
@@ -52,8 +63,10 @@ class Proposer(Protocol):
 
     def start(self, prompt_ids: list[int], hidden: dict[int, torch.Tensor] | None) -> None: ...
 
-    def propose(self, ids: list[int]) -> Draft | None:
-        """Draft a continuation of `ids` (prompt + every emitted token, the last one pending)."""
+    def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
+        """Draft a continuation of `ids` (prompt + every emitted token, the last one pending).
+        Tokens deeper than `max_depth` could not be emitted (the step would pass max_new_tokens):
+        a proposer may skip drafting them; the loop prunes them before verification."""
 
     def observe(self, step: StepResult) -> None: ...
 
@@ -93,10 +106,14 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
 
     while len(out) < max_new_tokens and pending not in eos_ids:
         draft = None
-        if proposer is not None:
+        # a step emits its accepted drafts + 1 token: drafts deeper than this cannot be emitted
+        max_depth = max_new_tokens - len(out) - 1
+        if proposer is not None and max_depth > 0:
             t = clock()
-            draft = proposer.propose(ids)
+            draft = proposer.propose(ids, max_depth)
             draft_s += clock() - t
+            if draft:
+                draft = draft.prune(max_depth)
         if not draft:
             # plain greedy step: the baseline's whole loop body
             logits, hidden = target.forward([pending], None, taps)

@@ -59,11 +59,11 @@ class DraftModelProposer:
     def start(self, prompt_ids, hidden) -> None:
         self.draft.prefill(prompt_ids)  # the pending (first generated) token comes with propose()
 
-    def propose(self, ids: list[int]) -> Draft | None:
+    def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
         d = self.draft
         new = ids[d.cached:]                     # tokens the draft has not seen, the pending one last
         tokens = []
-        for _ in range(self.cfg.draft_len):
+        for _ in range(min(self.cfg.draft_len, max_depth or self.cfg.draft_len)):
             logits, _ = d.forward(new)
             d.commit(None)
             last = logits[-1]

@@ -305,7 +305,7 @@ class Eagle3Proposer:
         logp = torch.log_softmax(self.drafter.lm_head(normed[0]).float(), dim=-1)
         return o[0], logp
 
-    def propose(self, ids: list[int]) -> Draft:
+    def propose(self, ids: list[int], max_depth: int | None = None) -> Draft:
         n, c, k = len(ids), self.committed, self.cfg.tree_topk
         # rows c..n-2: the target's features and verified tokens ids[c+1..n-1]; exact, kept
         mask, pos = tree_attention_inputs(list(range(-1, len(self.queue) - 1)), c, self.dtype, self.device)
@@ -319,7 +319,7 @@ class Eagle3Proposer:
         state = o[-1:].expand(k, -1)   # the state each candidate's expansion row reads
         frontier = list(range(k))
         rows_parent, cand_row = [], [-1] * k  # expansion rows (a forest over the cache); row that made each
-        for d in range(1, self.cfg.draft_len):
+        for d in range(1, min(self.cfg.draft_len, max_depth or self.cfg.draft_len)):
             # expand the frontier: one row per node, at position n-2+d, attending to the cache
             # and to the rows of its ancestors
             new_parents = [cand_row[f] for f in frontier]

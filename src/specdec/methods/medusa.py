@@ -268,7 +268,8 @@ class MedusaProposer:
     def observe(self, step: StepResult) -> None:
         self._h = self.norm(step.hidden[self.tap_layers[0]][-1])  # state of the last accepted node
 
-    def propose(self, ids: list[int]) -> Draft | None:
+    def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
+        # the static tree whole; the loop prunes nodes past max_depth
         h = self._h[None, :]                                        # (1, H)
         r = h + F.silu(torch.baddbmm(self.res_b[:, None], h.expand(len(self.res_w), 1, -1),
                                      self.res_w.transpose(1, 2)))  # (K, 1, H)

@@ -197,7 +197,8 @@ class MTPProposer:
         emb = self.base.embed_tokens(torch.tensor([tokens], device=self.device))
         return self.mtp.layers[k](rows[None], emb, pos, self.base.rotary_emb(emb, pos), mask, self.caches[k])[0]
 
-    def propose(self, ids: list[int]) -> Draft:
+    def propose(self, ids: list[int], max_depth: int | None = None) -> Draft:
+        # always every module (their caches advance together); the loop prunes past max_depth
         n = len(ids)                  # positions 0..n-1; n-1 is the pending token
         seq = list(ids)
         spec = None                   # outputs of the previous module at draft-dependent positions

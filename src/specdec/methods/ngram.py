@@ -46,14 +46,14 @@ class NgramProposer:
                 self.index[tuple(ids[e - n + 1: e + 1])] = e + 1
         self.indexed = max(self.indexed, end)
 
-    def propose(self, ids: list[int]) -> Draft | None:
+    def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
         self.ids = ids
         last = len(ids) - 1
         self._index_until(last)  # every n-gram except those ending at the last token
         for n in range(min(self.cfg.prompt_lookup_max, len(ids)), self.cfg.prompt_lookup_min - 1, -1):
             start = self.index.get(tuple(ids[-n:]))
             if start is not None:
-                return Draft.chain(ids[start: start + self.cfg.draft_len])
+                return Draft.chain(ids[start: start + min(self.cfg.draft_len, max_depth or self.cfg.draft_len)])
         return None
 
     def observe(self, step: StepResult) -> None:

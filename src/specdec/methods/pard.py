@@ -143,8 +143,8 @@ class PardProposer:
     def start(self, prompt_ids, hidden) -> None:
         self.draft.prefill(prompt_ids)
 
-    def propose(self, ids: list[int]) -> Draft | None:
-        d, k = self.draft, self.cfg.draft_len
+    def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
+        d, k = self.draft, min(self.cfg.draft_len, max_depth or self.cfg.draft_len)
         new = ids[d.cached:]                                  # accepted since last step + pending
         logits, _ = d.forward(new + [self.pard_token] * (k - 1))
         d.commit(list(range(len(new))))                       # drop the masks' KV

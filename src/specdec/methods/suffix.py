@@ -179,7 +179,8 @@ class SuffixProposer:
         self.active = self.local.start_sequence()
         self.ids, self.fed, self.prompt_len = [], 0, len(prompt_ids)
 
-    def propose(self, ids: list[int]) -> Draft | None:
+    def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
+        # the scored tree is built whole (cheap); the loop prunes nodes past max_depth
         self.ids = ids
         for t in ids[self.fed:]:  # feed the history into the request's own trie
             self.active = self.local.append(self.active, t)
