@@ -102,6 +102,7 @@ def test_smoke_dag_end_to_end(smoke_run):
         base = json.loads((wd / f"results/vllm/{mode}/wiki/baseline.summary.json").read_text())
         ngram = json.loads((wd / f"results/vllm/{mode}/wiki/ngram-k5.summary.json").read_text())
         assert "error" not in base and "error" not in ngram, (base.get("error"), ngram.get("error"))
+        assert base["settings"]["in_process"] and ngram["settings"]["in_process"]  # vllm.in_process
         assert set(ngram) >= torch_keys - {"same_run"} and ngram["prompts"] == 2
         assert ngram["drafted_tokens"] > 0 and ngram["speedup"] > 0
         suffix = json.loads((wd / f"results/vllm/{mode}/wiki/suffix-d8.summary.json").read_text())

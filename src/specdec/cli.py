@@ -113,7 +113,8 @@ def cmd_bench_vllm(a):
                    out_summary=a.out_summary, baseline_path=a.baseline, limit=a.limit,
                    max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype,
                    max_num_seqs=a.max_num_seqs, gpu_memory_utilization=a.gpu_memory_utilization,
-                   max_model_len=a.max_model_len, model_dir=a.model, draft_dir=a.draft_model)
+                   max_model_len=a.max_model_len, model_dir=a.model, draft_dir=a.draft_model,
+                   in_process=a.in_process)
     keys = ("throughput_tok_s", "speedup", "acceptance_rate", "tau", "matches_baseline", "error")
     print(json.dumps({k: s.get(k) for k in keys}))
 
@@ -231,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", type=int, required=True)
     s.add_argument("--model", help="serve this directory instead of the target (an MTP export)")
     s.add_argument("--draft-model", help="the draft's export directory (draft_model, pard, eagle3)")
+    s.add_argument("--in-process", action="store_true",
+                   help="run vLLM's engine core and worker in this process (no child processes)")
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_vllm)

@@ -191,7 +191,8 @@ def vllm_engine_args(wildcards):
     v = config["vllm"]
     return (f"--max-num-seqs {v['modes'][wildcards.mode]['max_num_seqs']} --dtype {v['dtype']}"
             f" --gpu-memory-utilization {v['gpu_memory_utilization']} --max-model-len {v['max_model_len']}"
-            f" --warmup {v['modes'][wildcards.mode]['warmup_prompts']}")
+            f" --warmup {v['modes'][wildcards.mode]['warmup_prompts']}"
+            + (" --in-process" if v.get("in_process", False) else ""))
 
 
 def variant_params(method, variant):
