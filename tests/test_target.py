@@ -31,6 +31,19 @@ def test_tree_forward_matches_per_path_forwards(tiny_model):
             target.commit([0])
 
 
+def test_logits_to_keep_gives_the_last_rows_and_the_same_cache(tiny_model):
+    prompt, chain = [5, 9, 11, 13, 17], [20, 21, 22, 23]
+    with torch.inference_mode():
+        full, kept = TargetModel(tiny_model), TargetModel(tiny_model)
+        for t in (full, kept):
+            t.prefill(prompt)
+        all_rows, _ = full.forward(chain)
+        last2, _ = kept.forward(chain, logits_to_keep=2)
+    assert last2.shape[0] == 2 and torch.allclose(last2, all_rows[-2:], atol=1e-6)
+    for a, b in zip(full.cache.layers, kept.cache.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def test_commit_rolls_back_to_the_accepted_path(tiny_model):
     rng = random.Random(1)
     target = TargetModel(tiny_model)

@@ -135,17 +135,20 @@ class TargetModel:
         self.cached, self.pending = len(prompt_ids), 0
         return logits, hidden
 
-    def forward(self, nodes: list[int], parents: list[int] | None = None, taps: tuple[int, ...] = ()):
+    def forward(self, nodes: list[int], parents: list[int] | None = None, taps: tuple[int, ...] = (),
+                logits_to_keep: int = 0):
         """Run draft nodes after the cache. nodes[0] is the pending token. parents=None is a chain
-        (the ordinary causal mask); otherwise node i attends to the cache, its ancestors, itself."""
+        (the ordinary causal mask); otherwise node i attends to the cache, its ancestors, itself.
+        logits_to_keep=n: logits of the last n nodes only (the LM head is most of a small draft
+        LM's cost); 0: every node's."""
         if self.pending:
             raise RuntimeError("commit() the previous forward before the next one")
         ids = torch.tensor([nodes], device=self.device)
         if parents is None:
-            logits, hidden = self._run(ids, taps)
+            logits, hidden = self._run(ids, taps, logits_to_keep)
         else:
             mask, pos = tree_attention_inputs(parents, self.cached, self.dtype, self.device)
-            logits, hidden = self._run(ids, taps, attention_mask=mask, position_ids=pos)
+            logits, hidden = self._run(ids, taps, logits_to_keep, attention_mask=mask, position_ids=pos)
         self.pending = len(nodes)
         return logits, hidden
 

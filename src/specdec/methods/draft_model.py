@@ -7,7 +7,7 @@ the next step feeds only the tokens it has not seen (the bonus token, and the la
 if every draft token was accepted), so no draft position is ever recomputed.
 
 Draft loop per step: one draft forward per draft token, each of one token (two for the first
-after a full acceptance), greedy argmax, nothing else. `draft_cost` in the summary compares its
+after a full acceptance) and the LM head on the last position only, greedy argmax, nothing else. `draft_cost` in the summary compares its
 time per forward with the target's.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ class DraftModelProposer:
         new = ids[d.cached:]                     # tokens the draft has not seen, the pending one last
         tokens = []
         for _ in range(min(self.cfg.draft_len, max_depth or self.cfg.draft_len)):
-            logits, _ = d.forward(new)
+            logits, _ = d.forward(new, logits_to_keep=1)   # only the last position's logits are used
             d.commit(None)
             last = logits[-1]
             tokens.append(int(last.argmax()))

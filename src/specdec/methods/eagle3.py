@@ -299,17 +299,18 @@ class Eagle3Proposer:
     def observe(self, step: StepResult) -> None:
         self.queue = torch.cat([self.queue, self._fuse(step.hidden)])  # [old pending, *accepted]
 
-    def _run(self, g, tokens: list[int], pos, mask):
+    def _run(self, g, tokens: list[int], pos, mask, last_only: bool = False):
         emb = self.embed(torch.tensor([tokens], device=self.device))
         o, normed = self.drafter(g[None], emb, pos, self.rotary(emb, pos), mask, self.cache)
-        logp = torch.log_softmax(self.drafter.lm_head(normed[0]).float(), dim=-1)
+        normed = normed[0, -1:] if last_only else normed[0]   # the LM head only where it is read
+        logp = torch.log_softmax(self.drafter.lm_head(normed).float(), dim=-1)
         return o[0], logp
 
     def propose(self, ids: list[int], max_depth: int | None = None) -> Draft:
         n, c, k = len(ids), self.committed, self.cfg.tree_topk
         # rows c..n-2: the target's features and verified tokens ids[c+1..n-1]; exact, kept
         mask, pos = tree_attention_inputs(list(range(-1, len(self.queue) - 1)), c, self.dtype, self.device)
-        o, logp = self._run(self.queue, ids[c + 1:n], pos, mask)
+        o, logp = self._run(self.queue, ids[c + 1:n], pos, mask, last_only=True)
         self.committed, self.queue = n - 1, self.queue[:0]
         c = n - 1
         # candidates: token, cumulative log-prob, parent candidate (-1: the pending token), depth

@@ -146,9 +146,10 @@ class PardProposer:
     def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
         d, k = self.draft, min(self.cfg.draft_len, max_depth or self.cfg.draft_len)
         new = ids[d.cached:]                                  # accepted since last step + pending
-        logits, _ = d.forward(new + [self.pard_token] * (k - 1))
+        # drafts: the outputs at the last real token and the k-1 masks (LM head on those k only)
+        logits, _ = d.forward(new + [self.pard_token] * (k - 1), logits_to_keep=k)
         d.commit(list(range(len(new))))                       # drop the masks' KV
-        return Draft.chain(logits[len(new) - 1:].argmax(-1).tolist())
+        return Draft.chain(logits.argmax(-1).tolist())
 
     def observe(self, step: StepResult) -> None:
         pass  # the cache holds verified tokens only; propose() feeds what was accepted since
