@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from specdec.core.loop import Draft, decode
+from specdec.core.loop import Draft, decode, draft_limit
 from specdec.core.target import TargetModel
 from specdec.methods.ngram import NgramConfig, NgramProposer
 from specdec.methods.suffix import SuffixConfig, SuffixProposer
@@ -134,6 +134,7 @@ def test_draft_prune_keeps_shallow_nodes_and_reindexes_parents():
     p = d.prune(2)
     assert p.tokens == [10, 11, 12, 14] and p.parents == [-1, 0, -1, 2]
     assert d.prune(1).tokens == [10, 12] and d.prune(1).parents == [-1, -1]
+    assert draft_limit(5, None) == 5 and draft_limit(5, 3) == 3 and draft_limit(2, 8) == 2
 
 
 def test_eos_stops_exactly_like_greedy(tiny_model):

@@ -6,8 +6,8 @@ warm-up prompts first) and batched throughput (max_num_seqs=16, all prompts subm
 One engine per process (one Snakemake job): a crash takes down one job, and memory is returned.
 `in_process=True` runs vLLM's engine core and its one worker inside this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni") instead of vLLM's default of two child
-processes: on a 2-core CPU that saves ~20 s of start-up per job and the per-step inter-process
-hops. The full-scale GPU config keeps vLLM's default.
+processes: on a 2-core CPU that saves two process start-ups per job and the per-step
+inter-process hops. The full-scale GPU config keeps vLLM's default.
 Acceptance comes from vLLM's own counters (`llm.get_metrics()`), as differences between snapshots
 taken around the measured pass. If vLLM refuses a method, the summary says why, in vLLM's words.
 """

@@ -40,14 +40,18 @@ class Draft:
 
     def prune(self, max_depth: int) -> "Draft":
         """The nodes at depth <= max_depth (depth 1: children of the pending token)."""
-        depth, keep = [], {}
-        for i, p in enumerate(self.parents):
-            depth.append(1 if p < 0 else depth[p] + 1)
-            if depth[i] <= max_depth:
-                keep[i] = len(keep)
-        if len(keep) == len(self.tokens):
+        depth = depths([-1] + [p + 1 for p in self.parents])[1:]   # node 0 is the pending token
+        kept = [i for i, d in enumerate(depth) if d <= max_depth]   # parents come first, so kept too
+        if len(kept) == len(self.tokens):
             return self
-        return Draft([self.tokens[i] for i in keep], [-1 if self.parents[i] < 0 else keep[self.parents[i]] for i in keep])
+        index = {i: j for j, i in enumerate(kept)}
+        return Draft([self.tokens[i] for i in kept], [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept])
+
+
+def draft_limit(draft_len: int, max_depth: int | None) -> int:
+    """How many tokens a chain proposer drafts (or how deep a tree): its own draft_len, capped
+    by the loop's max_depth (None: no cap)."""
+    return draft_len if max_depth is None else min(draft_len, max_depth)
 
 
 @dataclass

@@ -7,8 +7,8 @@ the next step feeds only the tokens it has not seen (the bonus token, and the la
 if every draft token was accepted), so no draft position is ever recomputed.
 
 Draft loop per step: one draft forward per draft token, each of one token (two for the first
-after a full acceptance) and the LM head on the last position only, greedy argmax, nothing else. `draft_cost` in the summary compares its
-time per forward with the target's.
+after a full acceptance) with the LM head on the last position only, greedy argmax, nothing
+else. `draft_cost` in the summary compares its time per forward with the target's.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.loop import Draft, StepResult
+from ..core.loop import Draft, StepResult, draft_limit
 from ..train.draft_lm import causal_batch, export_hf_draft, open_draft, train_draft_lm
 
 METHOD = "draft_model"
@@ -63,7 +63,7 @@ class DraftModelProposer:
         d = self.draft
         new = ids[d.cached:]                     # tokens the draft has not seen, the pending one last
         tokens = []
-        for _ in range(min(self.cfg.draft_len, max_depth or self.cfg.draft_len)):
+        for _ in range(draft_limit(self.cfg.draft_len, max_depth)):
             logits, _ = d.forward(new, logits_to_keep=1)   # only the last position's logits are used
             d.commit(None)
             last = logits[-1]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from ..core.loop import Draft, StepResult
+from ..core.loop import Draft, StepResult, draft_limit
 from ..core.target import new_cache, one_layer_config
 from ..core.tree import ancestor_matrix, tree_attention_inputs
 from ..train.checkpoint import load_proposer, save_trained, write_model_dir
@@ -320,7 +320,7 @@ class Eagle3Proposer:
         state = o[-1:].expand(k, -1)   # the state each candidate's expansion row reads
         frontier = list(range(k))
         rows_parent, cand_row = [], [-1] * k  # expansion rows (a forest over the cache); row that made each
-        for d in range(1, min(self.cfg.draft_len, max_depth or self.cfg.draft_len)):
+        for d in range(1, draft_limit(self.cfg.draft_len, max_depth)):
             # expand the frontier: one row per node, at position n-2+d, attending to the cache
             # and to the rows of its ancestors
             new_parents = [cand_row[f] for f in frontier]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.loop import Draft, StepResult
+from ..core.loop import Draft, StepResult, draft_limit
 
 
 @dataclass
@@ -53,7 +53,7 @@ class NgramProposer:
         for n in range(min(self.cfg.prompt_lookup_max, len(ids)), self.cfg.prompt_lookup_min - 1, -1):
             start = self.index.get(tuple(ids[-n:]))
             if start is not None:
-                return Draft.chain(ids[start: start + min(self.cfg.draft_len, max_depth or self.cfg.draft_len)])
+                return Draft.chain(ids[start: start + draft_limit(self.cfg.draft_len, max_depth)])
         return None
 
     def observe(self, step: StepResult) -> None:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..core.loop import Draft, StepResult
+from ..core.loop import Draft, StepResult, draft_limit
 from ..train.draft_lm import IGNORE, DraftBatch, export_hf_draft, open_draft, train_draft_lm
 
 METHOD = "pard"
@@ -144,7 +144,7 @@ class PardProposer:
         self.draft.prefill(prompt_ids)
 
     def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
-        d, k = self.draft, min(self.cfg.draft_len, max_depth or self.cfg.draft_len)
+        d, k = self.draft, draft_limit(self.cfg.draft_len, max_depth)
         new = ids[d.cached:]                                  # accepted since last step + pending
         # drafts: the outputs at the last real token and the k-1 masks (LM head on those k only)
         logits, _ = d.forward(new + [self.pard_token] * (k - 1), logits_to_keep=k)
