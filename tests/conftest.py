@@ -72,8 +72,11 @@ def check_against_fresh_proposer(model, method: str, params: dict, records, comp
         draft = original(ids, max_depth)
         fresh_target = TargetModel(model)
         fresh = build_proposer(method, params, fresh_target)
-        _, hidden = fresh_target.prefill(ids[:-1], fresh.tap_layers)
-        fresh.start(ids[:-1], hidden)
+        if getattr(fresh, "drafts_from_prompt", False):
+            fresh.start(ids, None)   # its first propose() gets the prompt itself, last token pending
+        else:
+            _, hidden = fresh_target.prefill(ids[:-1], fresh.tap_layers)
+            fresh.start(ids[:-1], hidden)
         compare(prop, fresh, ids, draft, fresh.propose(ids, max_depth))
         checked += 1
         return draft

@@ -66,16 +66,25 @@ def baseline(target, prompt, max_new):
     return decode(target, prompt, max_new, EOS).output_ids
 
 
+def from_prompt(proposer, on=True):
+    """The proposer drafts from the prompt: the first step verifies a draft with the last prompt
+    token pending (the loop prefills all but that token)."""
+    proposer.drafts_from_prompt = on
+    return proposer
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["after_prefill", "from_prompt"])
 @pytest.mark.parametrize("max_new", [1, 7, 40])
-def test_adversarial_proposers_are_lossless(tiny_model, max_new):
+def test_adversarial_proposers_are_lossless(tiny_model, max_new, early):
     target = TargetModel(tiny_model)
     rng = random.Random(max_new)
     for trial in range(3):
-        prompt = [rng.randrange(3, 64) for _ in range(rng.randint(1, 20))]
+        # prompt lengths from 1: drafting from a one-token prompt starts from an empty cache
+        prompt = [rng.randrange(3, 64) for _ in range(1 if trial == 0 else rng.randint(2, 20))]
         ref = baseline(target, prompt, max_new)
         assert len(ref) <= max_new
         for proposer in (RandomChain(trial), RandomTree(trial), Oracle(trial, ref)):
-            out = decode(target, prompt, max_new, EOS, proposer)
+            out = decode(target, prompt, max_new, EOS, from_prompt(proposer, early))
             assert out.output_ids == ref, type(proposer).__name__
             assert len(out.drafted) == len(out.accepted)
             assert all(0 <= a <= d for a, d in zip(out.accepted, out.drafted))
@@ -126,6 +135,34 @@ def test_drafts_past_max_new_tokens_are_pruned(tiny_model):
     # 1 token from the prefill (9 left: 8 drafts + 1), then 4 accepted + 1, then 4 left: 3 drafts
     assert Perfect4.asked == [8, 3] and out.drafted == [5, 4] and out.accepted == [4, 3]
     assert out.depth == [4, 3]
+
+
+def test_drafting_from_the_prompt_verifies_the_first_draft_in_the_first_step(tiny_model):
+    target = TargetModel(tiny_model)
+    prompt = [5, 9, 11, 13]
+    ref = baseline(target, prompt, 12)
+    forwards = []
+    hook = tiny_model.register_forward_pre_hook(
+        lambda m, a, kw: forwards.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    out = decode(target, prompt, 12, EOS, from_prompt(Oracle(0, ref)))
+    assert out.output_ids == ref
+    # one forward per step: the first one runs the prompt and the first draft together
+    assert forwards[0] == len(prompt) + out.drafted[0] and len(forwards) == len(out.drafted)
+    assert out.fused_first_step and out.accepted[0] > 0   # the first step emitted several tokens
+    assert 0 < out.ttft_s < out.wall_s
+    # the plain path: a prefill forward gives the first token, then one forward per step
+    forwards.clear()
+    plain = decode(target, prompt, 12, EOS, from_prompt(Oracle(0, ref), on=False))
+    hook.remove()
+    assert plain.output_ids == ref and not plain.fused_first_step
+    assert forwards[0] == len(prompt) and len(forwards) == 1 + len(plain.drafted)
+
+
+def test_drafting_from_the_prompt_refuses_a_proposer_that_reads_target_state(tiny_model):
+    proposer = from_prompt(RandomChain(0))
+    proposer.tap_layers = (1,)
+    with pytest.raises(ValueError, match="tap layers"):
+        decode(TargetModel(tiny_model), [5, 9], 4, EOS, proposer)
 
 
 def test_draft_prune_keeps_shallow_nodes_and_reindexes_parents():

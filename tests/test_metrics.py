@@ -5,7 +5,7 @@ from specdec.core.metrics import acceptance_stats, attach_baseline, first_diverg
 
 def rec(i, wall, ttft, new, drafted=None, accepted=None, out=None):
     return make_record(id=i, dataset="d", method="m", prompt_tokens=10, new_tokens=new, wall_s=wall,
-                       ttft_s=ttft, draft_s=0.0, steps=len(drafted) if drafted else None,
+                       ttft_s=ttft, fused_first_step=False, draft_s=0.0, steps=len(drafted) if drafted else None,
                        drafted=drafted, accepted=accepted, draft_depth=None, output_ids=out or [1] * new,
                        matches_baseline=None, first_divergence=None)
 

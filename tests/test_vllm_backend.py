@@ -45,7 +45,7 @@ def test_counters_are_differenced_and_match_our_definitions():
 
 def _recs(walls):
     return [make_record(id=f"p{i}", dataset="wiki", method="ngram/k5", prompt_tokens=5, new_tokens=10, wall_s=w,
-                        ttft_s=None, draft_s=None, steps=None, drafted=None, accepted=None, draft_depth=None, output_ids=[1] * 10,
+                        ttft_s=None, fused_first_step=None, draft_s=None, steps=None, drafted=None, accepted=None, draft_depth=None, output_ids=[1] * 10,
                         matches_baseline=None, first_divergence=None) for i, w in enumerate(walls)]
 
 

@@ -66,4 +66,5 @@ def hf_decode(model, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[in
                          pad_token_id=min(eos_ids), streamer=clock, **kwargs)
     wall = time.perf_counter() - t0
     new = out[0, len(prompt_ids):].tolist()
-    return DecodeResult(new, wall, (clock.first - t0) if clock.first else None, None, None, None)
+    return DecodeResult(new, wall, ttft_s=(clock.first - t0) if clock.first else None, draft_s=None,
+                        fused_first_step=None, drafted=None, accepted=None, depth=None)

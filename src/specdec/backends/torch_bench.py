@@ -1,6 +1,7 @@
 """Benchmark one method (or the baseline, or a Hugging Face peer) with our PyTorch loop.
 
-Model loading is outside the timings; the first `warmup` prompts are decoded once untimed.
+Model loading is outside the timings; the first `warmup` prompts are decoded once untimed, for
+WARMUP_TOKENS new tokens (prefill and steady-state steps: allocator, kernels, caches).
 Prompts that do not fit the context (prompt + max_new_tokens + draft margin) are skipped and
 listed in the summary. Records and summary follow core.metrics.
 """
@@ -20,22 +21,24 @@ from ..models import eos_token_ids, load_causal_lm, load_tokenizer, set_threads
 from .hf_generate import PEERS, hf_decode, peer_kwargs
 
 DRAFT_MARGIN = 64  # room left in the context for draft nodes
+WARMUP_TOKENS = 16  # a warm-up decode runs prefill and steady-state steps; more tokens add nothing
 
 
 def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int], target=None):
-    """(run(prompt_ids) -> DecodeResult, proposer or None) for our loop or a Hugging Face peer."""
+    """(run(prompt_ids, n=max_new_tokens) -> DecodeResult, proposer or None) for our loop or a
+    Hugging Face peer."""
     if method in PEERS:
         kwargs = peer_kwargs(method, params, model)
-        return (lambda ids: hf_decode(model, ids, max_new_tokens, eos, kwargs)), None
+        return (lambda ids, n=max_new_tokens: hf_decode(model, ids, n, eos, kwargs)), None
     target = target or TargetModel(model)
     proposer = None if method == "baseline" else build_proposer(method, params, target)
-    return (lambda ids: decode(target, ids, max_new_tokens, eos, proposer)), proposer
+    return (lambda ids, n=max_new_tokens: decode(target, ids, n, eos, proposer)), proposer
 
 
 def _record(p: dict, r, dataset: str, label: str) -> dict:
     return make_record(
         id=p["id"], dataset=dataset, method=label, prompt_tokens=len(p["prompt_ids"]),
-        new_tokens=len(r.output_ids), wall_s=r.wall_s, ttft_s=r.ttft_s, draft_s=r.draft_s,
+        new_tokens=len(r.output_ids), wall_s=r.wall_s, ttft_s=r.ttft_s, fused_first_step=r.fused_first_step, draft_s=r.draft_s,
         steps=len(r.drafted) if r.drafted is not None else None,
         drafted=r.drafted, accepted=r.accepted, output_ids=r.output_ids,
         draft_depth=r.depth if r.drafted is not None else None,
@@ -73,7 +76,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str
         arms.append(other)
     for p in fits[:warmup]:
         for arm in arms:
-            arm(p["prompt_ids"])  # warm-up: allocator, kernels, caches; not recorded
+            arm(p["prompt_ids"], min(max_new_tokens, WARMUP_TOKENS))  # warm-up: allocator, kernels, caches; not recorded
 
     records, other_records = [], []
     bar = tqdm(fits, desc=f"{label} on {dataset}", unit="prompt")
@@ -94,7 +97,8 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str
     attach_baseline(records, baseline)
     settings = {"backend": "torch", "method": method, "variant": variant, "params": params,
                 "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
-                "warmup_prompts": warmup, "prompts_file": str(prompts_path), "target": str(target_dir),
+                "warmup_prompts": warmup, "warmup_tokens": min(max_new_tokens, WARMUP_TOKENS),
+                "prompts_file": str(prompts_path), "target": str(target_dir),
                 "limit": limit, "counterpart": counterpart, "counterpart_params": counterpart_params}
     summary = summarize(records, baseline, settings, skipped)
     if method == "hf_prompt_lookup":

@@ -64,6 +64,10 @@ class StepResult:
 
 class Proposer(Protocol):
     tap_layers: tuple[int, ...]  # target layers whose hidden states the proposer reads
+    # True: the proposer drafts without any target state, so the first step can already verify a
+    # draft of the prompt's continuation (see decode); start() then gets the whole prompt but
+    # propose() is first called with ids == the prompt, its last token pending
+    drafts_from_prompt: bool
 
     def start(self, prompt_ids: list[int], hidden: dict[int, torch.Tensor] | None) -> None: ...
 
@@ -79,8 +83,9 @@ class Proposer(Protocol):
 class DecodeResult:
     output_ids: list[int]
     wall_s: float
-    ttft_s: float
-    draft_s: float
+    ttft_s: float        # time to the first new token
+    draft_s: float       # time inside the proposer after the first token
+    fused_first_step: bool = False   # the prefill's forward verified the first draft
     drafted: list[int] = field(default_factory=list)   # draft tokens per verification step
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per step
     depth: list[int] = field(default_factory=list)     # draft depth per step (chain: its length)
@@ -96,19 +101,32 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
     clock = time.perf_counter
     t0 = clock()
     taps = proposer.tap_layers if proposer is not None else ()
-    logits, hidden = target.prefill(prompt_ids, taps)
-    pending = _argmax(logits[-1])
-    out = [pending]
-    ttft = clock() - t0
+    res = DecodeResult([], 0.0, None, 0.0)
+    out = res.output_ids
+    res.fused_first_step = proposer is not None and getattr(proposer, "drafts_from_prompt", False)
+    if res.fused_first_step:
+        if taps:
+            raise ValueError(f"{type(proposer).__name__}: drafts_from_prompt needs no target state, "
+                             f"but it reads tap layers {taps}")
+        # the first step verifies a draft of the prompt's continuation in the prefill's own
+        # forward (as transformers' assisted generation does): the last prompt token is the
+        # pending token, the rest of the prompt runs in front of it, and a first step that
+        # accepts k drafts emits k+1 tokens instead of the prefill's 1
+        target.prefill(prompt_ids[:-1], defer=True)
+        pending, hidden = prompt_ids[-1], None
+    else:
+        logits, hidden = target.prefill(prompt_ids, taps)
+        pending = _argmax(logits[-1])
+        out.append(pending)
+        res.ttft_s = clock() - t0
     ids = list(prompt_ids) + out
     draft_s = 0.0
-    res = DecodeResult(out, 0.0, ttft, 0.0)
     if proposer is not None:
         t = clock()
         proposer.start(list(prompt_ids), hidden)
         draft_s += clock() - t
 
-    while len(out) < max_new_tokens and pending not in eos_ids:
+    while len(out) < max_new_tokens and (not out or pending not in eos_ids):
         draft = None
         # a step emits its accepted drafts + 1 token: drafts deeper than this cannot be emitted
         max_depth = max_new_tokens - len(out) - 1
@@ -150,6 +168,9 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
         out.extend(emitted)
         ids.extend(emitted)
         pending = emitted[-1]
+        if res.ttft_s is None:
+            res.ttft_s = clock() - t0
+            draft_s = 0.0   # the fused first step's drafting is part of the time to first token
         if proposer is not None:
             t = clock()
             proposer.observe(StepResult(emitted[:-1] if draft else [], pending, hidden))

@@ -6,7 +6,10 @@ Definitions (the same as Spec-Bench / vLLM / the reference system):
   (each step emits its accepted drafts plus one target token)
 - per-position acceptance i = share of drafting steps whose first i+1 draft tokens were accepted
 - speedup = baseline wall time / method wall time over the same prompts (aggregate), plus the
-  mean of per-prompt ratios; decode speedup leaves out the prefill (time to first token)
+  mean of per-prompt ratios; decode speedup leaves out the time to first token (vLLM's TPOT
+  convention). A proposer that drafts from the prompt has its first draft verified in the
+  prefill's forward (as transformers' assisted generation does), so its first token comes with
+  that step's accepted drafts; per-step costs count the decode steps after the first token only
 """
 from __future__ import annotations
 
@@ -21,9 +24,11 @@ RECORD_FIELDS = (
     "prompt_tokens",
     "new_tokens",
     "wall_s",           # prefill + decode, model loading excluded
-    "ttft_s",           # time to first token (prefill); None where the backend cannot see it
-    "draft_s",          # time spent inside the proposer; None where not measured
-    "steps",            # target verification forwards after the prefill
+    "ttft_s",           # time to first token; None where the backend cannot see it
+    "fused_first_step",  # True: the prefill's forward also verified the first draft (so that
+                         # step ends at ttft_s); None where the backend does not say
+    "draft_s",          # time inside the proposer after the first token; None where not measured
+    "steps",            # verification steps (target forwards after the prefill, or with it if fused)
     "drafted",          # draft tokens per step (list) or None
     "accepted",         # accepted draft tokens per step (list) or None
     "draft_depth",      # depth of each step's draft (its length for a chain; a tree's longest path) or None
@@ -117,11 +122,12 @@ def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
     else:
         s.update({"steps": None, "drafting_steps": None, "drafted_tokens": None, "accepted_tokens": None,
                   "acceptance_rate": None, "tau": None, "acceptance_by_position": []})
-    # cost per verification step: the proposer (its own prefill included) vs everything else in
-    # decoding (the target forward, verification, commit)
-    if s["steps"] and s["draft_s"] is not None and s["decode_s"] is not None:
-        s["draft_ms_per_step"] = 1000 * s["draft_s"] / s["steps"]
-        s["target_ms_per_step"] = 1000 * (s["decode_s"] - s["draft_s"]) / s["steps"]
+    # cost per decode step (after the first token): the proposer (with its start() on the prompt
+    # when that comes after the first token) vs everything else (target forward, verify, commit)
+    decode_steps = s["steps"] - sum(1 for r in records if r["fused_first_step"]) if s["steps"] else 0
+    if decode_steps and s["draft_s"] is not None and s["decode_s"] is not None:
+        s["draft_ms_per_step"] = 1000 * s["draft_s"] / decode_steps
+        s["target_ms_per_step"] = 1000 * (s["decode_s"] - s["draft_s"]) / decode_steps
         s["draft_to_target_cost"] = _ratio(s["draft_ms_per_step"], s["target_ms_per_step"])
     else:
         s["draft_ms_per_step"] = s["target_ms_per_step"] = s["draft_to_target_cost"] = None

@@ -1,7 +1,8 @@
 """The target-model interface every method decodes through.
 
 Wraps a transformers causal LM (Llama, Qwen2, ... no forked modeling code) and its DynamicCache:
-- prefill(prompt)                -> logits of the last prompt position (+ hidden taps)
+- prefill(prompt)                -> logits of the last prompt position (+ hidden taps);
+                                    defer=True: the prompt runs in front of the next forward()
 - forward(nodes, parents)        -> logits of every node of a chain (parents=None: plain causal)
                                     or a tree (4-D mask + explicit positions); the cache then holds
                                     every node
@@ -93,6 +94,7 @@ class TargetModel:
         self._hooks: dict[int, object] = {}
         self._captured: dict[int, torch.Tensor] = {}
         self._capture: tuple[int, ...] = ()
+        self._prefix: list[int] = []   # a deferred prefill, run by the next forward()
 
     # ---- hidden-state taps -------------------------------------------------------------------
     @property
@@ -127,9 +129,16 @@ class TargetModel:
         return out.logits[0], hidden
 
     # ---- decoding ------------------------------------------------------------------------------
-    def prefill(self, prompt_ids: list[int], taps: tuple[int, ...] = ()):
-        """Start a sequence. Returns last-position logits (1, vocab) and taps over the prompt."""
+    def prefill(self, prompt_ids: list[int], taps: tuple[int, ...] = (), defer: bool = False):
+        """Start a sequence. Returns last-position logits (1, vocab) and taps over the prompt.
+        defer=True runs nothing now (returns None, None): the next forward() runs the prompt in
+        front of its nodes, in the same call, so a draft of the prompt's continuation is
+        verified by the prefill's own forward. An empty prompt just starts an empty cache."""
         self.cache = new_cache(self.config)
+        self._prefix = list(prompt_ids) if defer else []
+        if defer or not prompt_ids:
+            self.cached, self.pending = 0, 0
+            return None, None
         ids = torch.tensor([prompt_ids], device=self.device)
         logits, hidden = self._run(ids, taps, logits_to_keep=1)
         self.cached, self.pending = len(prompt_ids), 0
@@ -143,12 +152,23 @@ class TargetModel:
         LM's cost); 0: every node's."""
         if self.pending:
             raise RuntimeError("commit() the previous forward before the next one")
-        ids = torch.tensor([nodes], device=self.device)
+        prefix, self._prefix = self._prefix, []
+        if prefix:
+            # a deferred prefill: the prompt is a chain in front of the nodes, its last token the
+            # parent of node 0; logits and taps of the nodes only
+            logits_to_keep = logits_to_keep or len(nodes)
+            if parents is not None:
+                p = len(prefix)
+                parents = list(range(-1, p - 1)) + [p - 1 if q < 0 else q + p for q in parents]
+        ids = torch.tensor([prefix + nodes], device=self.device)
         if parents is None:
             logits, hidden = self._run(ids, taps, logits_to_keep)
         else:
             mask, pos = tree_attention_inputs(parents, self.cached, self.dtype, self.device)
             logits, hidden = self._run(ids, taps, logits_to_keep, attention_mask=mask, position_ids=pos)
+        if prefix and hidden is not None:
+            hidden = {k: v[len(prefix):] for k, v in hidden.items()}
+        self.cached += len(prefix)   # committed; the nodes wait for commit()
         self.pending = len(nodes)
         return logits, hidden
 

@@ -46,6 +46,7 @@ class DraftModelConfig:
 
 class DraftModelProposer:
     tap_layers = ()
+    drafts_from_prompt = True  # no target state needed: the first step verifies a draft
 
     def __init__(self, cfg: DraftModelConfig, target):
         self.cfg = cfg
@@ -57,7 +58,7 @@ class DraftModelProposer:
         self._drafted = 0  # tokens in that draft
 
     def start(self, prompt_ids, hidden) -> None:
-        self.draft.prefill(prompt_ids)  # the pending (first generated) token comes with propose()
+        self.draft.prefill([])  # an empty cache: the first propose() feeds the whole prompt
 
     def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
         d = self.draft

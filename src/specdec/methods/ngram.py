@@ -28,6 +28,7 @@ class NgramConfig:
 
 class NgramProposer:
     tap_layers = ()
+    drafts_from_prompt = True  # no target state needed: the first step verifies a draft
 
     def __init__(self, cfg: NgramConfig):
         self.cfg = cfg

@@ -130,6 +130,7 @@ class PardConfig:
 
 class PardProposer:
     tap_layers = ()
+    drafts_from_prompt = True  # no target state needed: the first step verifies a draft
 
     def __init__(self, cfg: PardConfig, target):
         self.cfg = cfg
@@ -141,7 +142,7 @@ class PardProposer:
                             f"draft LM of {self.draft.num_layers} layers")
 
     def start(self, prompt_ids, hidden) -> None:
-        self.draft.prefill(prompt_ids)
+        self.draft.prefill([])  # an empty cache: the first propose() feeds the whole prompt
 
     def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
         d, k = self.draft, draft_limit(self.cfg.draft_len, max_depth)

@@ -159,6 +159,7 @@ class SuffixCache:
 
 class SuffixProposer:
     tap_layers = ()
+    drafts_from_prompt = True  # no target state needed: the first step verifies a draft
 
     def __init__(self, cfg: SuffixConfig):
         self.cfg = cfg
