@@ -314,6 +314,41 @@ def test_hf_assisted_generation_peer_uses_the_same_draft(trained):
     assert out == decode(TargetModel(model), prompt, 20, {2}).output_ids
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.4])
+def test_our_draft_loop_makes_no_more_forwards_than_hf_assisted_generation(trained, threshold):
+    """Same draft, same policy (3 tokens, stop below the confidence threshold): our loop runs no
+    more target or draft forwards than transformers' assisted generation (both verify the first
+    draft in the prefill's forward) and emits the same tokens."""
+    model = trained["model"]
+    ckpt = str(trained["root"] / "draft")
+    kwargs = peer_kwargs("hf_assisted", {"checkpoint": ckpt, "num_assistant_tokens": 3,
+                                         "num_assistant_tokens_schedule": "constant",
+                                         "assistant_confidence_threshold": threshold}, model)
+    prop = build_proposer("draft_model", {"checkpoint": ckpt, "draft_len": 3,
+                                          "confidence_threshold": threshold}, TargetModel(model))
+    counts = {}
+
+    def count(name):
+        return lambda *_: counts.__setitem__(name, counts.get(name, 0) + 1)
+    hooks = [model.register_forward_pre_hook(count("target")),
+             kwargs["assistant_model"].register_forward_pre_hook(count("draft")),
+             prop.draft.model.register_forward_pre_hook(count("draft"))]
+    ours, theirs = {"target": 0, "draft": 0}, {"target": 0, "draft": 0}
+    try:
+        for r in trained["records"][:6]:
+            counts.clear()
+            a = decode(TargetModel(model), r["prompt_ids"], 20, {2}, prop).output_ids
+            ours = {k: ours[k] + counts.get(k, 0) for k in ours}
+            counts.clear()
+            b = hf_decode(model, r["prompt_ids"], 20, {2}, kwargs).output_ids
+            theirs = {k: theirs[k] + counts.get(k, 0) for k in theirs}
+            assert a == b
+    finally:
+        for h in hooks:
+            h.remove()
+    assert 0 < ours["target"] <= theirs["target"] and 0 < ours["draft"] <= theirs["draft"], (ours, theirs)
+
+
 def test_vllm_exports_are_plain_hugging_face_drafts(trained, tmp_path):
     """The exports vLLM loads as speculative_config.model: the HF files, target vocabulary, and
     for PARD the pard_token its parallel drafting reads; our metadata stays behind."""
