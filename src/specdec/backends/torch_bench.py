@@ -38,7 +38,8 @@ def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int]
 def _record(p: dict, r, dataset: str, label: str) -> dict:
     return make_record(
         id=p["id"], dataset=dataset, method=label, prompt_tokens=len(p["prompt_ids"]),
-        new_tokens=len(r.output_ids), wall_s=r.wall_s, ttft_s=r.ttft_s, fused_first_step=r.fused_first_step, draft_s=r.draft_s,
+        new_tokens=len(r.output_ids), wall_s=r.wall_s, ttft_s=r.ttft_s,
+        fused_first_step=r.fused_first_step, draft_s=r.draft_s,
         steps=len(r.drafted) if r.drafted is not None else None,
         drafted=r.drafted, accepted=r.accepted, output_ids=r.output_ids,
         draft_depth=r.depth if r.drafted is not None else None,
@@ -74,9 +75,10 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str
     if counterpart is not None:
         other, other_proposer = _runner(model, counterpart, counterpart_params or {}, max_new_tokens, eos)
         arms.append(other)
+    warmup_tokens = min(max_new_tokens, WARMUP_TOKENS)
     for p in fits[:warmup]:
         for arm in arms:
-            arm(p["prompt_ids"], min(max_new_tokens, WARMUP_TOKENS))  # warm-up: allocator, kernels, caches; not recorded
+            arm(p["prompt_ids"], warmup_tokens)  # warm-up: allocator, kernels, caches; not recorded
 
     records, other_records = [], []
     bar = tqdm(fits, desc=f"{label} on {dataset}", unit="prompt")
@@ -97,7 +99,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str
     attach_baseline(records, baseline)
     settings = {"backend": "torch", "method": method, "variant": variant, "params": params,
                 "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
-                "warmup_prompts": warmup, "warmup_tokens": min(max_new_tokens, WARMUP_TOKENS),
+                "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
                 "prompts_file": str(prompts_path), "target": str(target_dir),
                 "limit": limit, "counterpart": counterpart, "counterpart_params": counterpart_params}
     summary = summarize(records, baseline, settings, skipped)

@@ -172,7 +172,8 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
         ids = list(out.outputs[0].token_ids)
         records.append(make_record(
             id=p["id"], dataset=dataset, method=label, prompt_tokens=len(p["prompt_ids"]), new_tokens=len(ids),
-            wall_s=walls[i] if mode == "serial" else None, ttft_s=None, fused_first_step=None, draft_s=None, steps=None,
+            wall_s=walls[i] if mode == "serial" else None, ttft_s=None, fused_first_step=None,
+            draft_s=None, steps=None,
             drafted=None, accepted=None, draft_depth=None, output_ids=ids, matches_baseline=None, first_divergence=None))
     baseline = read_jsonl(baseline_path, ("id", "output_ids")) if baseline_path else None
     attach_baseline(records, baseline)
