@@ -72,7 +72,7 @@ def check_against_fresh_proposer(model, method: str, params: dict, records, comp
         draft = original(ids, max_depth)
         fresh_target = TargetModel(model)
         fresh = build_proposer(method, params, fresh_target)
-        if getattr(fresh, "drafts_from_prompt", False):
+        if fresh.drafts_from_prompt:
             fresh.start(ids, None)   # its first propose() gets the prompt itself, last token pending
         else:
             _, hidden = fresh_target.prefill(ids[:-1], fresh.tap_layers)

@@ -14,6 +14,7 @@ EOS = {2}
 
 class RandomChain:
     tap_layers = ()
+    drafts_from_prompt = False
 
     def __init__(self, seed, vocab=64, k=5):
         self.rng, self.vocab, self.k = random.Random(seed), vocab, k
@@ -116,6 +117,7 @@ def test_drafts_past_max_new_tokens_are_pruned(tiny_model):
 
     class Perfect4:
         tap_layers = ()
+        drafts_from_prompt = False
         asked = []
 
         def start(self, prompt_ids, hidden):

@@ -103,7 +103,7 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
     taps = proposer.tap_layers if proposer is not None else ()
     res = DecodeResult([], 0.0, None, 0.0)
     out = res.output_ids
-    res.fused_first_step = proposer is not None and getattr(proposer, "drafts_from_prompt", False)
+    res.fused_first_step = proposer is not None and proposer.drafts_from_prompt
     if res.fused_first_step:
         if taps:
             raise ValueError(f"{type(proposer).__name__}: drafts_from_prompt needs no target state, "
