@@ -52,6 +52,9 @@ def test_bench_records_skips_and_losslessness(tiny_ckpt, tmp_path):
         assert json.loads((tmp_path / f"{method}.json").read_text())["settings"]["params"] == params
         if not method.startswith("hf_"):
             assert s["drafted_tokens"] > 0 and s["tau"] >= 1
+        records = [json.loads(line) for line in (tmp_path / f"{method}.jsonl").read_text().splitlines()]
+        # the first draft is verified in the prefill's forward by every drafting method here
+        assert all(r["fused_first_step"] is (method != "hf_generate") for r in records), method
     recs = [json.loads(line) for line in (tmp_path / "ngram.jsonl").read_text().splitlines()]
     assert [r["id"] for r in recs] == ["p0", "p1", "p2"] and all(r["matches_baseline"] for r in recs)
 

@@ -310,8 +310,16 @@ def test_hf_assisted_generation_peer_uses_the_same_draft(trained):
                          model)
     assert kwargs["assistant_model"].config.num_hidden_layers == 2
     prompt = trained["records"][1]["prompt_ids"]
-    out = hf_decode(model, prompt, 20, {2}, kwargs).output_ids
-    assert out == decode(TargetModel(model), prompt, 20, {2}).output_ids
+    lengths = []   # tokens in each target forward
+    hook = model.register_forward_pre_hook(lambda _, args, kw: lengths.append(kw["input_ids"].shape[1]),
+                                           with_kwargs=True)
+    try:
+        res = hf_decode(model, prompt, 20, {2}, kwargs)
+    finally:
+        hook.remove()
+    assert res.output_ids == decode(TargetModel(model), prompt, 20, {2}).output_ids
+    # its first target forward is the prompt plus the first candidates, as its record says
+    assert res.fused_first_step and lengths[0] > len(prompt)
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.4])

@@ -66,5 +66,8 @@ def hf_decode(model, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[in
                          pad_token_id=min(eos_ids), streamer=clock, **kwargs)
     wall = time.perf_counter() - t0
     new = out[0, len(prompt_ids):].tolist()
+    # transformers' assisted decoding (assistant model or prompt lookup) runs its first target
+    # forward on the prompt plus the first candidates, as our loop does for drafts_from_prompt
+    fused = "assistant_model" in kwargs or "prompt_lookup_num_tokens" in kwargs
     return DecodeResult(new, wall, ttft_s=(clock.first - t0) if clock.first else None, draft_s=None,
-                        fused_first_step=None, drafted=None, accepted=None, depth=None)
+                        fused_first_step=fused, drafted=None, accepted=None, depth=None)
