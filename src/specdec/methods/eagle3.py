@@ -274,6 +274,7 @@ class Eagle3Config:
 
 class Eagle3Proposer:
     drafts_from_prompt = False  # drafts from the target's hidden states: needs the prefill first
+
     def __init__(self, cfg: Eagle3Config, target):
         if cfg.draft_len < 1 or cfg.tree_topk < 1:
             raise ValueError(f"eagle3: draft_len and tree_topk must be >= 1 (got {cfg.draft_len}, {cfg.tree_topk})")

@@ -239,6 +239,7 @@ class MedusaConfig:
 
 class MedusaProposer:
     drafts_from_prompt = False  # drafts from the target's hidden states: needs the prefill first
+
     def __init__(self, cfg: MedusaConfig, target):
         self.cfg = cfg
         meta, state = load_proposer(cfg.checkpoint, METHOD, target.config)

@@ -171,6 +171,7 @@ class MTPConfig:
 
 class MTPProposer:
     drafts_from_prompt = False  # drafts from the target's hidden states: needs the prefill first
+
     def __init__(self, cfg: MTPConfig, target):
         model = target.model
         self.mtp = load_mtp(cfg.checkpoint, model).to(target.device, target.dtype).eval()
