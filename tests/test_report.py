@@ -1,41 +1,75 @@
 import json
 
+import pandas as pd
 import pytest
 
+from specdec.report.drift import write_drift
 from specdec.report.tables import END, START, patch_readme, write_report
 
+CPU = {"cpu_model": "AMD EPYC", "isa": "AVX2", "native_bf16": False, "bf16_flags": []}
 
-def summary(method, dtype="float32", speedup=None, per_pos=None, dataset="wiki"):
+
+def summary(method, dtype="float32", speedup=None, per_pos=None, dataset="wiki", backend="torch",
+            requested=None, ci=None):
     s = {"method": method, "dataset": dataset, "prompts": 4, "skipped_prompts": 0, "new_tokens": 100,
-         "wall_s": 10.0, "throughput_tok_s": 10.0, "settings": {"backend": "torch", "method": method.split("/")[0],
-                                                               "dtype": dtype, "max_new_tokens": 32},
+         "wall_s": 10.0, "throughput_tok_s": 10.0,
+         "settings": {"backend": backend, "method": method.split("/")[0], "variant": method.split("/")[-1],
+                      "dtype": dtype, "dtype_requested": requested or dtype,
+                      "dtype_reason": "CPU has no native bf16 matmul (ISA AVX2)" if requested == "auto" else "set",
+                      "max_new_tokens": 32, "params": {"draft_len": 5}},
+         "environment": {"cpu": CPU, "torch": "2.13"},
          "acceptance_by_position": per_pos or []}
+    if backend == "vllm":
+        s["settings"].update(mode="serial", max_num_seqs=1)
     if speedup:
-        s.update(speedup=speedup, baseline_wall_s=10.0 * speedup, baseline_throughput_tok_s=10.0 / speedup,
+        s.update(speedup=speedup, speedup_ci=ci or [speedup * 0.9, speedup * 1.1], speedup_ci_half_width=0.1,
+                 speedup_ci_method="paired percentile bootstrap over 4 prompts", timing="paired",
+                 baseline_wall_s=10.0 * speedup, baseline_throughput_tok_s=10.0 / speedup,
                  median_prompt_speedup=speedup, decode_speedup=speedup, acceptance_rate=0.5, tau=2.0,
                  matches_baseline=4, token_count_mismatches=0, draft_shape="chain k=5")
     return s
 
 
-def test_report_tables_plots_and_readme(tmp_path):
+def write(tmp_path, summaries, sub=""):
     paths = []
-    for i, s in enumerate([summary("baseline"), summary("ngram/k5", speedup=2.5, per_pos=[0.8, 0.6]),
-                           {**summary("hf_generate/greedy", speedup=0.95),
-                            "same_run": {"counterpart": "baseline", "counterpart_speedup": 1.05,
-                                         "counterpart_median_prompt_speedup": 1.04, "throughput_tok_s": 9.5,
-                                         "counterpart_throughput_tok_s": 10.0, "same_outputs": 4}}]):
-        p = tmp_path / f"{i}.summary.json"
+    for i, s in enumerate(summaries):
+        p = tmp_path / sub / f"{i}.summary.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(s))
         paths.append(str(p))
+    return paths
+
+
+def test_report_rows_tables_plots_and_readme(tmp_path):
+    paths = write(tmp_path, [
+        summary("ngram/k5", "float32", 2.5, [0.8, 0.6], dataset="chat_heldout", requested="auto", ci=[2.25, 2.8]),
+        summary("ngram/k5", "float32", 1.2, dataset="chat_overlap"),
+        summary("ngram/k5", "bfloat16", 1.9, dataset="wiki", backend="vllm", requested="auto"),
+        {**summary("hf_prompt_lookup/k5", "float32", 2.0, requested="auto"),
+         "same_run": {"counterpart": "ngram", "counterpart_speedup": 1.05, "counterpart_speedup_ci": [1.0, 1.1],
+                      "same_outputs": 4}},
+        {**summary("suffix/d8", dataset="wiki", backend="vllm"), "error": "ImportError: Arctic Inference is required"},
+    ])
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\nintro\n\n{START}\nold\n{END}\n\nfooter\n")
     write_report(paths, str(tmp_path / "tables.md"), str(tmp_path / "plots"), str(tmp_path / "section.md"),
-                 str(readme))
+                 str(readme), out_rows=str(tmp_path / "rows.parquet"))
+    rows = pd.read_parquet(tmp_path / "rows.parquet")
+    assert len(rows) == 5
+    for col in ("backend", "mode", "dataset", "dtype", "method", "variant", "speedup", "ci_low", "ci_high",
+                "speedup_ci_method", "tau", "acceptance_rate", "matches_baseline", "headline",
+                "environment.cpu.isa", "environment.cpu.native_bf16", "settings.dtype_reason",
+                "settings.params.draft_len"):
+        assert col in rows.columns, col
+    head = rows[rows["headline"]]
+    assert list(head["method"]) == ["ngram"] and head["ci_low"].iloc[0] == 2.25
     tables = (tmp_path / "tables.md").read_text()
-    assert "| non-vLLM PyTorch loop | ngram/k5 | chain k=5 | float32 | 4 |" in tables
-    assert "2.500x" in tables and "HF transformers generate (peer)" in tables
-    assert "ours (baseline) vs hf_generate/greedy: **1.050x** its speed" in tables
-    assert "| ngram/k5 | PyTorch loop, float32 | 80.00% | 60.00% |" in tables
+    assert "2.50x [2.25, 2.80]" in tables                 # the speedup with its interval
+    assert "Host: AMD EPYC, ISA AVX2, native bf16 matmuls: no." in tables
+    assert "Speed dtype (`auto`): float32 (CPU has no native bf16 matmul (ISA AVX2))." in tables
+    assert "ours (ngram) ran **1.05x** [1.00, 1.10] its speed" in tables
+    assert "not run: ImportError: Arctic Inference is required" in tables
+    assert "ngram/k5 (PyTorch loop, float32 (auto)) | 80.0%" in tables.replace("  ", "")
     text = readme.read_text()
     assert text.startswith("# title\n\nintro\n\n") and text.endswith("\n\nfooter\n") and "old" not in text
     assert "![speedup](plots/speedup.png)" in text
@@ -43,7 +77,43 @@ def test_report_tables_plots_and_readme(tmp_path):
         assert (tmp_path / "plots" / f"{png}.png").stat().st_size > 1000
 
 
+def test_two_summaries_for_one_row_are_an_error(tmp_path):
+    paths = write(tmp_path, [summary("ngram/k5", speedup=2.0), summary("ngram/k5", speedup=2.1)])
+    with pytest.raises(ValueError, match="two summaries for one row"):
+        write_report(paths, str(tmp_path / "t.md"), str(tmp_path / "p"), str(tmp_path / "s.md"))
+
+
+def test_drift_between_two_runs(tmp_path):
+    first = write(tmp_path, [summary("ngram/k5", "float32", 2.0, dataset="chat_heldout", requested="auto"),
+                             summary("pard/len3", "float32", 1.5, dataset="chat_heldout", requested="auto")], "a")
+    second = write(tmp_path, [summary("ngram/k5", "float32", 2.1, dataset="chat_heldout", requested="auto"),
+                              summary("pard/len3", "float32", 1.44, dataset="chat_heldout", requested="auto")], "b")
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- drift:start -->\n<!-- drift:end -->\ny\n")
+    both = write_drift(first, second, str(tmp_path / "drift.md"), str(readme))
+    assert list(both["drift"].round(3)) == [0.05, -0.04]
+    text = (tmp_path / "drift.md").read_text()
+    assert "largest speedup drift on a chat row in the speed dtype: **5.0%**" in text and "+5.0%" in text
+    assert "-4.0%" in readme.read_text()
+
+
 def test_readme_without_markers_is_an_error(tmp_path):
     (tmp_path / "R.md").write_text("no markers")
     with pytest.raises(ValueError, match="no results markers"):
         patch_readme(str(tmp_path / "R.md"), "x")
+
+
+def test_job_costs_sum_snakemakes_benchmark_files(tmp_path):
+    from specdec.report.costs import job_costs, render_costs
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    for rule, name, secs, rss in [("train_proposer", "a", 120.0, 900.0), ("train_proposer", "b", 60.0, 1200.0),
+                                  ("bench_torch", "results/x", 30.0, 700.0)]:
+        f = tmp_path / rule / f"{name}.tsv"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(header + f"{secs}\t0:00:00\t{rss}\t0\t0\t0\t0\t0\t0\t0\n")
+    costs = job_costs(str(tmp_path))
+    assert costs.loc["train_proposer", "jobs"] == 2 and costs.loc["train_proposer", "minutes"] == 3.0
+    assert costs.loc["train_proposer", "peak_rss_mb"] == 1200.0 and costs.loc["bench_torch", "jobs"] == 1
+    assert "3 jobs, 3.5 minutes of job time in all." in render_costs(costs)
+    with pytest.raises(ValueError, match="no Snakemake benchmark files"):
+        job_costs(str(tmp_path / "none"))

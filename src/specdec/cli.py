@@ -17,6 +17,15 @@ def _json(text: str) -> dict:
     return value
 
 
+def _resolve_dtype(name: str, device: str) -> str:
+    """`auto` -> this host's speed dtype; the choice and its reason go to the job's log."""
+    from .host import capability, dtype_record
+    rec = dtype_record(name, device)
+    print(f"dtype: {rec['dtype']} ({rec['dtype_requested']}: {rec['dtype_reason']}); host: {capability()}",
+          flush=True)
+    return rec["dtype"]
+
+
 def cmd_fetch_wheel(a):
     from .models import fetch_wheel
     out = Path(a.out)
@@ -46,6 +55,7 @@ def cmd_chat_set(a):
     else:
         turns = list(ultrachat.first_user_turns(ultrachat.load_rows(a.hub_dataset, a.hub_split)))
     set_threads(a.threads)
+    a.dtype = _resolve_dtype(a.dtype, a.device)
     model = load_causal_lm(a.target, a.dtype, a.device)
     tokenizer = load_tokenizer(a.target)
     splits = chat.build_chat_splits(
@@ -81,6 +91,7 @@ def cmd_hidden_states(a):
         if not name or not path:
             raise ValueError(f"--split {item!r}: expected NAME=PATH")
         splits[name] = path
+    a.dtype = _resolve_dtype(a.dtype, a.device)
     write_hidden_states(a.target, splits, a.taps, a.out, a.dtype, a.device, a.batch_size)
     print(f"hidden states (taps {a.taps}) of {', '.join(splits)} -> {a.out}")
 
@@ -89,6 +100,8 @@ def cmd_train(a):
     from .methods import train_checkpoint
     from .models import set_threads
     set_threads(a.threads)
+    train = a.settings.setdefault("train", {})
+    train["dtype"] = _resolve_dtype(train.get("dtype", "float32"), a.device)
     proxy = train_checkpoint(a.method, hidden_path=a.hidden, target_dir=a.target, out_dir=a.out_dir,
                              settings=a.settings, overlap=a.overlap, device=a.device)
     print(json.dumps({"eval_proxy": proxy}))
@@ -98,11 +111,11 @@ def cmd_bench_torch(a):
     from .backends.torch_bench import bench_torch
     s = bench_torch(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, method=a.method,
                     variant=a.variant, params=a.params, out_records=a.out_records,
-                    out_summary=a.out_summary, baseline_path=a.baseline, limit=a.limit,
-                    max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype,
-                    device=a.device, threads=a.threads, counterpart=a.counterpart,
+                    out_summary=a.out_summary, limit=a.limit, max_new_tokens=a.max_new_tokens,
+                    warmup=a.warmup, dtype=a.dtype, device=a.device, threads=a.threads,
+                    resamples=a.resamples, counterpart=a.counterpart,
                     counterpart_params=a.counterpart_params)
-    keys = ("throughput_tok_s", "speedup", "acceptance_rate", "tau", "matches_baseline")
+    keys = ("throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline")
     print(json.dumps({k: s.get(k) for k in keys}))
 
 
@@ -110,12 +123,13 @@ def cmd_bench_vllm(a):
     from .backends.vllm_bench import bench_vllm
     s = bench_vllm(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, method=a.method,
                    variant=a.variant, params=a.params, mode=a.mode, out_records=a.out_records,
-                   out_summary=a.out_summary, baseline_path=a.baseline, limit=a.limit,
-                   max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype,
-                   max_num_seqs=a.max_num_seqs, gpu_memory_utilization=a.gpu_memory_utilization,
-                   max_model_len=a.max_model_len, model_dir=a.model, draft_dir=a.draft_model,
-                   in_process=a.in_process)
-    keys = ("throughput_tok_s", "speedup", "acceptance_rate", "tau", "matches_baseline", "error")
+                   out_summary=a.out_summary, limit=a.limit, max_new_tokens=a.max_new_tokens,
+                   warmup=a.warmup, dtype=a.dtype, max_num_seqs=a.max_num_seqs,
+                   gpu_memory_utilization=a.gpu_memory_utilization,
+                   kv_cache_memory_bytes=a.kv_cache_memory_bytes, max_model_len=a.max_model_len,
+                   rounds=a.rounds, resamples=a.resamples, model_dir=a.model,
+                   draft_dir=a.draft_model, in_process=a.in_process)
+    keys = ("throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline", "error")
     print(json.dumps({k: s.get(k) for k in keys}))
 
 
@@ -127,10 +141,23 @@ def cmd_export_vllm(a):
 
 def cmd_report(a):
     from .report.tables import write_report
-    write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme, a.checkpoints)
+    write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme, a.checkpoints,
+                 out_rows=a.out_rows)
 
 
-def add_bench_args(s: argparse.ArgumentParser, dtype: str) -> None:
+def cmd_job_costs(a):
+    from .report.costs import job_costs, render_costs
+    print(render_costs(job_costs(a.benchmarks)))
+
+
+def cmd_drift(a):
+    from .report.drift import write_drift
+    if len(a.first) != len(a.second):
+        raise ValueError(f"--first has {len(a.first)} summaries, --second {len(a.second)}")
+    write_drift(a.first, a.second, a.out, a.readme)
+
+
+def add_bench_args(s: argparse.ArgumentParser) -> None:
     """What both benchmark backends take: the target, the prompts, one method and its settings."""
     s.add_argument("--target", required=True)
     s.add_argument("--prompts", required=True)
@@ -138,11 +165,11 @@ def add_bench_args(s: argparse.ArgumentParser, dtype: str) -> None:
     s.add_argument("--method", required=True)
     s.add_argument("--variant")
     s.add_argument("--params", type=_json, default={})
-    s.add_argument("--baseline")
     s.add_argument("--limit", type=int)
     s.add_argument("--max-new-tokens", type=int, required=True)
     s.add_argument("--warmup", type=int, default=1)
-    s.add_argument("--dtype", default=dtype)
+    s.add_argument("--dtype", default="auto", help="auto: the host's speed dtype (specdec.host)")
+    s.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples of the speedup's interval")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,20 +242,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("bench-torch", help="benchmark one method with the PyTorch loop")
-    add_bench_args(s, dtype="float32")
+    add_bench_args(s)
     s.add_argument("--device", default="cpu")
     s.add_argument("--threads", type=int, default=0)
-    s.add_argument("--counterpart", help="also time this arm (baseline or a method), interleaved")
+    s.add_argument("--counterpart", help="a Hugging Face peer's arm of ours (a method), also timed interleaved")
     s.add_argument("--counterpart-params", type=_json, default={})
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)
 
     s = sub.add_parser("bench-vllm", help="benchmark one method through vLLM (serial or batched)")
-    add_bench_args(s, dtype="bfloat16")
+    add_bench_args(s)
     s.add_argument("--mode", choices=["serial", "batched"], required=True)
     s.add_argument("--max-num-seqs", type=int, required=True)
+    s.add_argument("--rounds", type=int, default=4, help="batched mode: timed rounds per engine (ABBA)")
     s.add_argument("--gpu-memory-utilization", type=float, required=True)
+    s.add_argument("--kv-cache-memory-bytes", type=int, help="each engine's KV cache (overrides the utilization)")
     s.add_argument("--max-model-len", type=int, required=True)
     s.add_argument("--model", help="serve this directory instead of the target (an MTP export)")
     s.add_argument("--draft-model", help="the draft's export directory (draft_model, pard, eagle3)")
@@ -248,11 +277,23 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="tables, plots and the README section from summaries")
     s.add_argument("--summaries", nargs="+", required=True)
     s.add_argument("--out-tables", required=True)
+    s.add_argument("--out-rows", help="the tidy results table (parquet)")
     s.add_argument("--plots-dir", required=True)
     s.add_argument("--readme-section", required=True)
     s.add_argument("--readme", help="README to patch between the results markers")
     s.add_argument("--checkpoints", nargs="*", default=[], help="trained proposers' checkpoint directories")
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("drift", help="speedup drift between two runs of the benchmark stage")
+    s.add_argument("--first", nargs="+", required=True, help="summaries of the first run")
+    s.add_argument("--second", nargs="+", required=True, help="the same summaries of the second run")
+    s.add_argument("--out", required=True)
+    s.add_argument("--readme", help="README to patch between the drift markers")
+    s.set_defaults(func=cmd_drift)
+
+    s = sub.add_parser("job-costs", help="sum Snakemake's per-job benchmark files per rule")
+    s.add_argument("benchmarks", nargs="?", default="benchmarks")
+    s.set_defaults(func=cmd_job_costs)
     return p
 
 

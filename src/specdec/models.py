@@ -34,7 +34,10 @@ def set_threads(n: int) -> int:
     return n
 
 
-def torch_dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str, device: str = "cpu") -> torch.dtype:
+    """A dtype name; `auto` is this host's speed dtype (specdec.host)."""
+    from .host import resolve_dtype
+    name = resolve_dtype(name, device)
     try:
         return DTYPES[name]
     except KeyError:
@@ -141,7 +144,7 @@ def load_causal_lm(path: str | os.PathLike, dtype: str = "float32", device: str 
 
     path = check_checkpoint(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype, device),
                                                      attn_implementation=attn_implementation)
     except Exception as e:  # corrupt safetensors, bad config, ...
         raise CheckpointError(f"{path}: cannot load checkpoint: {type(e).__name__}: {e}") from e

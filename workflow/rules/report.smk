@@ -1,12 +1,14 @@
-# Aggregation: results/tables.md, the plots and the README's results section.
+# Aggregation: results/rows.parquet, results/tables.md, the plots and the README's results
+# section; and the reproducibility check, results/drift.md, from a second benchmark pass.
 
 
 rule report:
     input:
         summaries=torch_method_summaries() + vllm_summaries(),
         checkpoints=trained_checkpoints(),
-        code=[str(SRC / "report" / "tables.py"), str(SRC / "report" / "plots.py")],
+        code=[str(SRC / "report" / f) for f in ("rows.py", "tables.py", "plots.py")],
     output:
+        rows="results/rows.parquet",
         tables="results/tables.md",
         section="results/readme_section.md",
         plots=multiext("results/plots/", "speedup.png", "throughput.png", "acceptance_by_position.png"),
@@ -17,6 +19,29 @@ rule report:
         CONDA_ENV
     log:
         "logs/report/report.log",
+    benchmark:
+        "benchmarks/report/report.tsv"
     shell:
-        "python -m specdec report --summaries {input.summaries} --out-tables {output.tables}"
+        "python -m specdec report --summaries {input.summaries} --out-tables {output.tables} --out-rows {output.rows}"
         " --checkpoints {params.configs} --plots-dir results/plots --readme-section {output.section} {params.readme} > {log} 2>&1"
+
+
+# `snakemake results/drift.md --cores 1`: every benchmark job again into results/rerun/ (the
+# trained checkpoints and data are reused), then the per-row drift of the speedups
+rule drift:
+    input:
+        first=torch_method_summaries() + vllm_summaries(),
+        second=torch_method_summaries("results/rerun") + vllm_summaries("results/rerun"),
+        code=[str(SRC / "report" / f) for f in ("rows.py", "drift.py")],
+    output:
+        "results/drift.md",
+    params:
+        readme=f"--readme {config['report']['readme']}" if config["report"]["readme"] else "",
+    conda:
+        CONDA_ENV
+    log:
+        "logs/drift/drift.log",
+    benchmark:
+        "benchmarks/drift/drift.tsv"
+    shell:
+        "python -m specdec drift --first {input.first} --second {input.second} --out {output} {params.readme} > {log} 2>&1"

@@ -20,6 +20,8 @@ rule hidden_states:
         CONDA_ENV
     log:
         "logs/hidden_states/chat.log",
+    benchmark:
+        "benchmarks/hidden_states/chat.tsv",
     shell:
         "python -m specdec hidden-states --target {params.target}"
         " --split train={input.train} --split heldout={input.heldout} --taps {params.taps}"
@@ -48,6 +50,8 @@ rule train_proposer:
         CONDA_ENV
     log:
         "logs/train_proposer/{method}-{name}.log",
+    benchmark:
+        "benchmarks/train_proposer/{method}-{name}.tsv",
     shell:
         "python -m specdec train --method {wildcards.method} --hidden {input.hidden} --target {params.target}"
         " --settings '{params.settings}' --overlap {params.overlap} --device {params.device} --threads {params.threads}"

@@ -1,4 +1,5 @@
-"""Benchmark one method (or the baseline, or a Hugging Face peer) with our PyTorch loop.
+"""Benchmark one method (or a Hugging Face peer) against the greedy baseline with our PyTorch
+loop, both arms timed in one process.
 
 Model loading is outside the timings; the first `warmup` prompts are decoded once untimed, for
 WARMUP_TOKENS new tokens (prefill and steady-state steps: allocator, kernels, caches).
@@ -7,15 +8,15 @@ listed in the summary. Records and summary follow core.metrics.
 """
 from __future__ import annotations
 
-import statistics
-
 import torch
 from tqdm import tqdm
 
 from ..core.loop import decode
 from ..core.metrics import attach_baseline, make_record, summarize
+from ..core.stats import paired_bootstrap
 from ..core.target import TargetModel
-from ..data.records import read_jsonl, read_prompts, write_json, write_jsonl
+from ..data.records import read_prompts, write_json, write_jsonl
+from ..host import dtype_record
 from ..methods import build_proposer
 from ..models import eos_token_ids, load_causal_lm, load_tokenizer, set_threads
 from .hf_generate import PEERS, hf_decode, peer_kwargs
@@ -47,18 +48,22 @@ def _record(p: dict, r, dataset: str, label: str) -> dict:
 
 
 def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str, variant: str | None,
-                params: dict, out_records: str, out_summary: str, baseline_path: str | None = None,
-                limit: int | None = None, max_new_tokens: int = 64, warmup: int = 1,
-                dtype: str = "float32", device: str = "cpu", threads: int = 0,
-                counterpart: str | None = None, counterpart_params: dict | None = None) -> dict:
-    """Benchmark `method` (records + summary). With `counterpart` ("baseline" or one of our
-    methods), that arm is timed too, alternating with `method` prompt by prompt in this process,
-    and the summary gets the same-run ratio (`same_run`): the fair way to compare two arms on a
-    noisy shared machine."""
+                params: dict, out_records: str, out_summary: str, limit: int | None = None,
+                max_new_tokens: int = 64, warmup: int = 1, dtype: str = "auto", device: str = "cpu",
+                threads: int = 0, resamples: int = 10000, counterpart: str | None = None,
+                counterpart_params: dict | None = None) -> dict:
+    """Benchmark `method` against the greedy baseline, both timed in this process on the same
+    prompts, alternating prompt by prompt with the order flipped every prompt (so neither arm
+    always runs on a warmer machine). The baseline arm gives the paired speedup and its interval,
+    and the reference outputs for the token-by-token check. A Hugging Face peer also times
+    `counterpart`, the arm of ours it is compared with (`same_run`). `dtype` "auto" is the host's
+    speed dtype (specdec.host). Records of every arm go to `out_records`."""
+    if method == "baseline":
+        raise ValueError("the baseline is timed inside every method's job; benchmark a method")
     set_threads(threads)
+    dt = dtype_record(dtype, device)
     prompts = read_prompts(prompts_path, limit)
-    baseline = read_jsonl(baseline_path, ("id", "output_ids", "wall_s")) if baseline_path else None
-    model = load_causal_lm(target_dir, dtype, device)
+    model = load_causal_lm(target_dir, dt["dtype"], device)
     tokenizer = load_tokenizer(target_dir)
     eos = eos_token_ids(model, tokenizer)
     label = method if variant is None else f"{method}/{variant}"
@@ -70,63 +75,60 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str
     if not fits:
         raise ValueError(f"{prompts_path}: no prompt fits the context of {context} tokens")
 
-    run, proposer = _runner(model, method, params, max_new_tokens, eos)
-    arms = [run]
+    arms = {label: _runner(model, method, params, max_new_tokens, eos),
+            "baseline": _runner(model, "baseline", {}, max_new_tokens, eos)}
     if counterpart is not None:
-        other, other_proposer = _runner(model, counterpart, counterpart_params or {}, max_new_tokens, eos)
-        arms.append(other)
+        arms[counterpart] = _runner(model, counterpart, counterpart_params or {}, max_new_tokens, eos)
     warmup_tokens = min(max_new_tokens, WARMUP_TOKENS)
     for p in fits[:warmup]:
-        for arm in arms:
-            arm(p["prompt_ids"], warmup_tokens)  # warm-up: allocator, kernels, caches; not recorded
+        for run, _ in arms.values():
+            run(p["prompt_ids"], warmup_tokens)  # warm-up: allocator, kernels, caches; not recorded
 
-    records, other_records = [], []
-    bar = tqdm(fits, desc=f"{label} on {dataset}", unit="prompt")
-    new_total = wall_total = 0.0
+    records = {name: [] for name in arms}
+    bar = tqdm(fits, desc=f"{label} vs baseline on {dataset}", unit="prompt")
     for i, p in enumerate(bar):
-        # alternate which arm goes first, so neither always runs on a warmer machine
-        order = list(range(len(arms)))
-        for a in order if i % 2 == 0 else order[::-1]:
-            r = arms[a](p["prompt_ids"])
-            (records if a == 0 else other_records).append(_record(p, r, dataset, label if a == 0 else counterpart))
-        new_total += records[-1]["new_tokens"]
-        wall_total += records[-1]["wall_s"]
-        bar.set_postfix(tok_s=f"{new_total / wall_total:.1f}")
-    for prop in (proposer, other_proposer if counterpart is not None else None):
-        if prop is not None and hasattr(prop, "close"):
-            prop.close()
+        order = list(arms) if i % 2 == 0 else list(arms)[::-1]
+        for name in order:
+            r = arms[name][0](p["prompt_ids"])
+            records[name].append(_record(p, r, dataset, name))
+        wall = {n: sum(r["wall_s"] for r in rs) for n, rs in records.items()}
+        bar.set_postfix(speedup=f"{wall['baseline'] / wall[label]:.2f}x")
+    for _, proposer in arms.values():
+        if proposer is not None and hasattr(proposer, "close"):
+            proposer.close()
 
-    attach_baseline(records, baseline)
+    base = records["baseline"]
+    attach_baseline(base, base)
+    for name in arms:
+        if name != "baseline":
+            attach_baseline(records[name], base)
     settings = {"backend": "torch", "method": method, "variant": variant, "params": params,
-                "dtype": dtype, "device": device, "max_new_tokens": max_new_tokens,
+                **dt, "device": device, "max_new_tokens": max_new_tokens,
                 "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
                 "prompts_file": str(prompts_path), "target": str(target_dir),
                 "limit": limit, "counterpart": counterpart, "counterpart_params": counterpart_params}
-    summary = summarize(records, baseline, settings, skipped)
+    summary = summarize(records[label], base, settings, skipped, resamples)
     if method == "hf_prompt_lookup":
         summary["draft_shape"] = f"chain k={params.get('prompt_lookup_num_tokens', 10)}"
     else:
-        summary["draft_shape"] = getattr(proposer, "draft_shape", None)
+        summary["draft_shape"] = getattr(arms[label][1], "draft_shape", None)
     if counterpart is not None:
-        summary["same_run"] = same_run_comparison(records, other_records, counterpart)
-    write_jsonl(out_records, records)
+        summary["same_run"] = same_run_comparison(records[label], records[counterpart], counterpart, resamples)
+    write_jsonl(out_records, [r for rs in records.values() for r in rs])
     write_json(out_summary, summary)
     return summary
 
 
-def same_run_comparison(records: list[dict], other: list[dict], counterpart: str) -> dict:
-    """Counterpart arm vs this arm, timed alternately in one process on the same prompts."""
-    wall, other_wall = sum(r["wall_s"] for r in records), sum(r["wall_s"] for r in other)
-    new, other_new = sum(r["new_tokens"] for r in records), sum(r["new_tokens"] for r in other)
+def same_run_comparison(records: list[dict], other: list[dict], counterpart: str, resamples: int) -> dict:
+    """Our arm (`counterpart`) vs this arm (a Hugging Face peer), timed alternately in one process
+    on the same prompts: > 1 means ours is faster."""
+    boot = paired_bootstrap([r["wall_s"] for r in records], [o["wall_s"] for o in other], resamples)
     return {
         "counterpart": counterpart,
-        "wall_s": wall,
-        "counterpart_wall_s": other_wall,
-        "throughput_tok_s": new / wall,
-        "counterpart_throughput_tok_s": other_new / other_wall,
-        # > 1: the counterpart (ours) is faster than this arm (the peer)
-        "counterpart_speedup": wall / other_wall,
-        "counterpart_median_prompt_speedup": statistics.median(
-            r["wall_s"] / o["wall_s"] for r, o in zip(records, other)),
+        "wall_s": sum(r["wall_s"] for r in records),
+        "counterpart_wall_s": sum(o["wall_s"] for o in other),
+        "counterpart_speedup": boot["speedup"],
+        "counterpart_speedup_ci": boot["ci"],
+        "counterpart_speedup_ci_method": boot["ci_method"],
         "same_outputs": sum(r["output_ids"] == o["output_ids"] for r, o in zip(records, other)),
     }

@@ -3,7 +3,10 @@ scale: the same code, only the config differs), writing the PyTorch path's metri
 
 Two settings, as in the reference system: serial latency (max_num_seqs=1, one prompt at a time,
 warm-up prompts first) and batched throughput (max_num_seqs=16, all prompts submitted at once).
-One engine per process (one Snakemake job): a crash takes down one job, and memory is returned.
+A job holds two engines, the method's and the baseline's, and times them alternately, so the
+speedup is paired (a ratio of separate jobs drifts with the machine's load). On CPU each engine
+gets an explicit KV cache (`kv_cache_memory_bytes`): vLLM sizes an implicit one as a share of
+memory minus what the process already holds, which leaves nothing for the second engine.
 `in_process=True` runs vLLM's engine core and its one worker inside this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni") instead of vLLM's default of two child
 processes: on a 2-core CPU that saves two process start-ups per job and the per-step
@@ -14,13 +17,18 @@ taken around the measured pass. If vLLM refuses a method, the summary says why, 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from ..core.metrics import attach_baseline, environment, make_record, summarize
-from ..data.records import read_json, read_jsonl, read_prompts, write_json, write_jsonl
+from tqdm import tqdm
+
+from ..core.metrics import attach_baseline, environment, equality, make_record, summarize
+from ..core.stats import half_width, rounds_t_interval
+from ..data.records import read_prompts, write_json, write_jsonl
+from ..host import dtype_record
 
 
 def preload_intel_openmp(argv: list[str]) -> None:
@@ -105,111 +113,143 @@ def acceptance_from_counters(before: dict, after: dict) -> dict:
     }
 
 
+def _refused(label, dataset, settings, out_records, out_summary) -> dict:
+    """vLLM refused this method here: a row that says why, in vLLM's words, not a missing row."""
+    e = sys.exc_info()[1]
+    summary = {"method": label, "dataset": dataset, "prompts": 0, "error": f"{type(e).__name__}: {e}",
+               "traceback": traceback.format_exc()[-4000:], "settings": settings,
+               "environment": environment()}
+    write_jsonl(out_records, [])
+    write_json(out_summary, summary)
+    return summary
+
+
 def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str, variant: str | None,
-               params: dict, mode: str, out_records: str, out_summary: str,
-               baseline_path: str | None = None, limit: int | None = None, max_new_tokens: int = 64,
-               warmup: int = 1, dtype: str = "bfloat16", max_num_seqs: int = 1,
-               gpu_memory_utilization: float = 0.85, max_model_len: int = 4096, seed: int = 0,
+               params: dict, mode: str, out_records: str, out_summary: str, limit: int | None = None,
+               max_new_tokens: int = 64, warmup: int = 1, dtype: str = "auto", max_num_seqs: int = 1,
+               gpu_memory_utilization: float = 0.85, kv_cache_memory_bytes: int | None = None,
+               max_model_len: int = 4096, rounds: int = 4, resamples: int = 10000, seed: int = 0,
                model_dir: str | None = None, draft_dir: str | None = None, in_process: bool = False) -> dict:
-    """`model_dir` replaces the target as the served model (an MTP export holds the target's
-    weights plus its MTP layers); `draft_dir` is a draft LM's export (draft model, PARD)."""
+    """The method's engine and the baseline's, both in this process, timed alternately: serial
+    mode prompt by prompt (order flipped every prompt), batched mode in `rounds` rounds of the
+    whole batch per engine, in ABBA order. `model_dir` replaces the target as the method's served
+    model (an MTP export holds the target's weights plus its MTP layers); `draft_dir` is a draft
+    LM's or the EAGLE-3 drafter's export."""
     if mode not in ("serial", "batched"):
         raise ValueError(f"vLLM mode must be serial or batched, got {mode!r}")
+    if method == "baseline":
+        raise ValueError("the baseline engine runs inside every method's job; benchmark a method")
     prompts = read_prompts(prompts_path, limit)
     label = method if variant is None else f"{method}/{variant}"
     fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens <= max_model_len]
     skipped = [{"id": p["id"], "prompt_tokens": len(p["prompt_ids"]), "context": max_model_len}
                for p in prompts if p not in fits]
     spec = speculative_config(method, params, draft_dir)
+    dt = dtype_record(dtype, "cuda" if _has_cuda() else "cpu")
     settings = {"backend": "vllm", "mode": mode, "method": method, "variant": variant, "params": params,
-                "speculative_config": spec, "dtype": dtype, "max_num_seqs": max_num_seqs,
-                "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
-                "max_new_tokens": max_new_tokens, "warmup_prompts": warmup, "prompts_file": str(prompts_path),
+                "speculative_config": spec, **dt, "max_num_seqs": max_num_seqs,
+                "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes,
+                "max_model_len": max_model_len, "max_new_tokens": max_new_tokens, "warmup_prompts": warmup,
+                "rounds": rounds if mode == "batched" else None, "prompts_file": str(prompts_path),
                 "target": str(target_dir), "model": str(model_dir or target_dir), "limit": limit, "seed": seed,
                 "in_process": in_process, "ld_preload": os.environ.get("LD_PRELOAD") or None}
-    engine_kwargs = {}
+    engine_kwargs = {"dtype": dt["dtype"], "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
+                     "enforce_eager": True, "seed": seed, "disable_log_stats": False}
+    if kv_cache_memory_bytes:
+        engine_kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    else:
+        engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     if in_process:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # read when the engine is built
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # read when an engine is built
         engine_kwargs["distributed_executor_backend"] = "uni"
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    # the baseline's engine first: vLLM's CPU platform rebinds its kernels when an engine starts,
+    # and a second start after a speculative engine's fails in that rebinding
+    base_llm = LLM(model=target_dir, **engine_kwargs)
     try:
-        llm = LLM(model=model_dir or target_dir, dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                  gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True, seed=seed,
-                  disable_log_stats=False, speculative_config=spec, **engine_kwargs)
-    except Exception as e:  # vLLM refused this method here: a row that says why, not a missing row
-        reason = f"{type(e).__name__}: {e}"
-        summary = {"method": label, "dataset": dataset, "prompts": 0, "error": reason,
-                   "traceback": traceback.format_exc()[-4000:], "settings": settings,
-                   "environment": environment()}
-        write_jsonl(out_records, [])
-        write_json(out_summary, summary)
-        return summary
+        llm = LLM(model=model_dir or target_dir, speculative_config=spec, **engine_kwargs)
+    except Exception:
+        return _refused(label, dataset, settings, out_records, out_summary)
 
     sampling = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
-    as_input = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in fits]
+    inputs = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in fits]
+    for engine in (llm, base_llm):   # warm-up: not measured
+        engine.generate(inputs[:warmup] if mode == "serial" else inputs[: max(warmup, 1) * max_num_seqs],
+                        sampling, use_tqdm=False)
 
-    # warm-up: not measured
-    llm.generate(as_input[:warmup] if mode == "serial" else as_input[: max(warmup, 1) * max_num_seqs],
-                 sampling, use_tqdm=False)
-    before = spec_counters(llm)
-    results, walls = [], []
-    t0 = time.perf_counter()
-    if mode == "serial":
-        for inp in as_input:
-            t = time.perf_counter()
-            results += llm.generate([inp], sampling, use_tqdm=False)
-            walls.append(time.perf_counter() - t)
-    else:
-        results = llm.generate(as_input, sampling, use_tqdm=True)
-    total_wall = time.perf_counter() - t0
-    after = spec_counters(llm)
+    # vLLM's counters are process-wide: only the method's engine drafts, so the differences
+    # around its own calls are its acceptance
+    counters = {"before": spec_counters(llm)}
+    walls = {"method": [], "baseline": []}
+    outputs = {}
 
-    records = []
-    for i, (p, out) in enumerate(zip(fits, results)):
-        ids = list(out.outputs[0].token_ids)
-        records.append(make_record(
-            id=p["id"], dataset=dataset, method=label, prompt_tokens=len(p["prompt_ids"]), new_tokens=len(ids),
-            wall_s=walls[i] if mode == "serial" else None, ttft_s=None, fused_first_step=None,
-            draft_s=None, steps=None,
-            drafted=None, accepted=None, draft_depth=None, output_ids=ids, matches_baseline=None, first_divergence=None))
-    baseline = read_jsonl(baseline_path, ("id", "output_ids")) if baseline_path else None
-    attach_baseline(records, baseline)
+    def timed(name, engine, batch):
+        t = time.perf_counter()
+        outs = engine.generate(batch, sampling, use_tqdm=False)
+        walls[name].append(time.perf_counter() - t)
+        return outs
+
+    engines = {"method": llm, "baseline": base_llm}
     if mode == "serial":
-        summary = summarize(records, baseline, settings, skipped)
+        outputs = {"method": [], "baseline": []}
+        for i, inp in enumerate(tqdm(inputs, desc=f"{label} vs baseline (vLLM serial)", unit="prompt")):
+            for name in ("method", "baseline") if i % 2 == 0 else ("baseline", "method"):
+                outputs[name] += timed(name, engines[name], [inp])
     else:
-        summary = summarize_batched(records, baseline, baseline_path, total_wall, settings, skipped)
-    if spec is not None:
-        summary.update(acceptance_from_counters(before, after))
-        k = spec["num_speculative_tokens"]
-        summary["draft_shape"] = f"chain k={k}" if method != "suffix" else f"tree <={k} nodes"
-    write_jsonl(out_records, records)
+        for r in tqdm(range(rounds), desc=f"{label} vs baseline (vLLM batched)", unit="round"):
+            for name in ("method", "baseline") if r % 2 == 0 else ("baseline", "method"):   # ABBA
+                outputs[name] = timed(name, engines[name], inputs)
+    counters["after"] = spec_counters(llm)
+
+    records = {}
+    for name, arm_label in (("method", label), ("baseline", "baseline")):
+        records[name] = [make_record(
+            id=p["id"], dataset=dataset, method=arm_label, prompt_tokens=len(p["prompt_ids"]),
+            new_tokens=len(out.outputs[0].token_ids), wall_s=walls[name][i] if mode == "serial" else None,
+            ttft_s=None, fused_first_step=None, draft_s=None, steps=None, drafted=None, accepted=None,
+            draft_depth=None, output_ids=list(out.outputs[0].token_ids), matches_baseline=None,
+            first_divergence=None) for i, (p, out) in enumerate(zip(fits, outputs[name]))]
+    attach_baseline(records["baseline"], records["baseline"])
+    attach_baseline(records["method"], records["baseline"])
+    if mode == "serial":
+        summary = summarize(records["method"], records["baseline"], settings, skipped, resamples)
+    else:
+        summary = summarize_batched(records["method"], records["baseline"], walls, settings, skipped)
+    summary.update(acceptance_from_counters(counters["before"], counters["after"]))
+    k = spec["num_speculative_tokens"]
+    summary["draft_shape"] = f"chain k={k}" if method != "suffix" else f"tree <={k} nodes"
+    write_jsonl(out_records, records["method"] + records["baseline"])
     write_json(out_summary, summary)
     return summary
 
 
-def summarize_batched(records, baseline, baseline_path, wall, settings, skipped) -> dict:
-    """Batched throughput: one wall time for the whole batch; the same fields as summarize()."""
+def _has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def summarize_batched(records, base, walls, settings, skipped) -> dict:
+    """Batched throughput: one wall time per round and engine; the same fields as summarize(),
+    the speedup over rounds (core.stats.rounds_t_interval)."""
     new = sum(r["new_tokens"] for r in records)
+    wall = statistics.median(walls["method"])
+    b_wall = statistics.median(walls["baseline"])
+    t = rounds_t_interval(walls["baseline"], walls["method"])
     s = {"method": records[0]["method"], "dataset": records[0]["dataset"], "prompts": len(records),
          "skipped_prompts": len(skipped), "skipped": skipped, "new_tokens": new, "wall_s": wall,
-         "mean_latency_s": None, "median_latency_s": None, "throughput_tok_s": new / wall,
-         "decode_s": None, "draft_s": None, "steps": None, "drafting_steps": None, "drafted_tokens": None,
-         "accepted_tokens": None, "acceptance_rate": None, "tau": None, "acceptance_by_position": [],
-         "draft_ms_per_step": None, "target_ms_per_step": None, "draft_to_target_cost": None}
-    if baseline is not None:
-        base_summary = read_json(baseline_path.replace(".jsonl", ".summary.json"))
-        by_id = {r["id"]: r for r in baseline}
-        s["baseline_wall_s"] = base_summary["wall_s"]
-        s["baseline_throughput_tok_s"] = base_summary["throughput_tok_s"]
-        s["speedup"] = base_summary["wall_s"] / wall
-        s["mean_prompt_speedup"] = s["median_prompt_speedup"] = s["decode_speedup"] = None
-        s["matches_baseline"] = sum(1 for r in records if r["matches_baseline"])
-        s["diverged_prompts"] = [r["id"] for r in records if not r["matches_baseline"]]
-        s["token_count_mismatches"] = sum(1 for r in records if r["new_tokens"] != by_id[r["id"]]["new_tokens"])
-        s["match_rate"] = s["matches_baseline"] / len(records)
+         "round_walls_s": walls["method"], "mean_latency_s": None, "median_latency_s": None,
+         "throughput_tok_s": new / wall, "decode_s": None, "draft_s": None, "steps": None,
+         "drafting_steps": None, "drafted_tokens": None, "accepted_tokens": None, "acceptance_rate": None,
+         "tau": None, "acceptance_by_position": [], "draft_ms_per_step": None, "target_ms_per_step": None, "draft_to_target_cost": None,
+         "timing": "paired", "baseline_wall_s": b_wall, "baseline_round_walls_s": walls["baseline"],
+         "baseline_throughput_tok_s": sum(b["new_tokens"] for b in base) / b_wall,
+         "speedup": t["speedup"], "speedup_ci": t["ci"], "speedup_ci_half_width": half_width(t["ci"], t["speedup"]),
+         "speedup_ci_method": t["ci_method"], "mean_prompt_speedup": None, "median_prompt_speedup": None,
+         "decode_speedup": None}
+    s.update(equality(records, base))
     s["settings"] = settings
     s["environment"] = environment()
     return s

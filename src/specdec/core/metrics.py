@@ -5,8 +5,9 @@ Definitions (the same as Spec-Bench / vLLM / the reference system):
 - tau (mean accepted length) = tokens emitted by verification steps / verification steps
   (each step emits its accepted drafts plus one target token)
 - per-position acceptance i = share of drafting steps whose first i+1 draft tokens were accepted
-- speedup = baseline wall time / method wall time over the same prompts (aggregate), plus the
-  mean of per-prompt ratios; decode speedup leaves out the time to first token (vLLM's TPOT
+- speedup = baseline wall time / method wall time over the same prompts (aggregate), with both
+  arms timed in one process, alternating prompt by prompt (core.stats: its 95% interval), plus
+  the mean of per-prompt ratios; decode speedup leaves out the time to first token (vLLM's TPOT
   convention). A proposer that drafts from the prompt has its first draft verified in the
   prefill's forward (as transformers' assisted generation does), so its first token comes with
   that step's accepted drafts; per-step costs count the decode steps after the first token only
@@ -16,6 +17,8 @@ from __future__ import annotations
 import platform
 from importlib import metadata
 import statistics
+
+from .stats import half_width, paired_bootstrap
 
 RECORD_FIELDS = (
     "id",               # prompt id from the data set
@@ -92,9 +95,48 @@ def acceptance_stats(drafted: list[int], accepted: list[int], depth: list[int] |
     }
 
 
+def baseline_by_prompt(records: list[dict], baseline: list[dict]) -> list[dict]:
+    by_id = {r["id"]: r for r in baseline}
+    missing = [r["id"] for r in records if r["id"] not in by_id]
+    if missing:
+        raise ValueError(f"prompts {missing} have no baseline record")
+    return [by_id[r["id"]] for r in records]
+
+
+def paired_speedup(base: list[dict], records: list[dict], resamples: int) -> dict:
+    """The baseline arm vs this arm, timed alternately in one process on the same prompts:
+    aggregate speedup with its paired bootstrap interval, and per-prompt ratios."""
+    boot = paired_bootstrap([b["wall_s"] for b in base], [r["wall_s"] for r in records], resamples)
+    b_wall = sum(b["wall_s"] for b in base)
+    ratios = [b["wall_s"] / r["wall_s"] for b, r in zip(base, records)]
+    return {
+        "timing": "paired",
+        "baseline_wall_s": b_wall,
+        "baseline_throughput_tok_s": sum(b["new_tokens"] for b in base) / b_wall,
+        "speedup": boot["speedup"],
+        "speedup_ci": boot["ci"],
+        "speedup_ci_half_width": half_width(boot["ci"], boot["speedup"]),
+        "speedup_ci_method": boot["ci_method"],
+        "mean_prompt_speedup": statistics.mean(ratios),
+        "median_prompt_speedup": statistics.median(ratios),
+    }
+
+
+def equality(records: list[dict], base: list[dict]) -> dict:
+    """Token-by-token comparison with the baseline's outputs on the same prompts."""
+    matches = sum(1 for r in records if r["matches_baseline"])
+    return {
+        "matches_baseline": matches,
+        "diverged_prompts": [r["id"] for r in records if not r["matches_baseline"]],
+        "token_count_mismatches": sum(1 for b, r in zip(base, records) if b["new_tokens"] != r["new_tokens"]),
+        "match_rate": matches / len(records),
+    }
+
+
 def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
-              skipped: list[dict] | None = None) -> dict:
-    """Aggregate one run. `baseline` are the shared baseline's records on the same prompts."""
+              skipped: list[dict] | None = None, resamples: int = 10000) -> dict:
+    """Aggregate one run. `baseline`: the baseline arm's records on the same prompts, timed in
+    the same process, alternating with this arm prompt by prompt."""
     if not records:
         raise ValueError("no records to summarize")
     wall = sum(r["wall_s"] for r in records)
@@ -132,23 +174,14 @@ def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
     else:
         s["draft_ms_per_step"] = s["target_ms_per_step"] = s["draft_to_target_cost"] = None
     if baseline is not None:
-        by_id = {r["id"]: r for r in baseline}
-        base = [by_id[r["id"]] for r in records]
-        b_wall = sum(b["wall_s"] for b in base)
-        s["baseline_wall_s"] = b_wall
-        s["baseline_throughput_tok_s"] = sum(b["new_tokens"] for b in base) / b_wall
-        s["speedup"] = b_wall / wall
-        s["mean_prompt_speedup"] = statistics.mean(b["wall_s"] / r["wall_s"] for b, r in zip(base, records))
-        s["median_prompt_speedup"] = statistics.median(b["wall_s"] / r["wall_s"] for b, r in zip(base, records))
+        base = baseline_by_prompt(records, baseline)
+        s.update(paired_speedup(base, records, resamples))
         if has_ttft and all(b["ttft_s"] is not None for b in base):
-            b_dec = b_wall - sum(b["ttft_s"] for b in base)
+            b_dec = s["baseline_wall_s"] - sum(b["ttft_s"] for b in base)
             s["decode_speedup"] = _ratio(b_dec, s["decode_s"])
         else:
             s["decode_speedup"] = None
-        s["matches_baseline"] = sum(1 for r in records if r["matches_baseline"])
-        s["diverged_prompts"] = [r["id"] for r in records if not r["matches_baseline"]]
-        s["token_count_mismatches"] = sum(1 for b, r in zip(base, records) if b["new_tokens"] != r["new_tokens"])
-        s["match_rate"] = s["matches_baseline"] / len(records)
+        s.update(equality(records, base))
     s["settings"] = settings
     s["environment"] = environment()
     return s
@@ -157,12 +190,14 @@ def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
 def environment() -> dict:
     import torch
     import transformers
+
+    from ..host import capability
     env = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "machine": platform.machine(),
-        "processor": _cpu_name(),
+        "cpu": capability(),      # model, ISA level, native bf16 or not: which host class ran this
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
@@ -173,14 +208,3 @@ def environment() -> dict:
         except metadata.PackageNotFoundError:
             env["vllm"] = None
     return env
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"

@@ -1,30 +1,46 @@
-"""PNG plots: speedup by method, acceptance by draft position, throughput."""
+"""PNG plots from the results frame (report.rows): paired speedup with its 95% interval,
+throughput, acceptance by draft position."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib
+import pandas as pd
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def _label(s: dict) -> str:
-    st = s["settings"]
-    where = f"vLLM {st['mode']}" if st["backend"] == "vllm" else "torch"
-    return f"{s['method']} ({where}, {st['dtype']})"
+ORDER = ["chat_heldout", "chat_overlap", "wiki"]
 
 
-def _bars(summaries, key, title, ylabel, path, baseline_line=None):
-    datasets = sorted({s["dataset"] for s in summaries})
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4.2), squeeze=False)
+def _label(r) -> str:
+    where = f"vLLM {r['mode']}" if r["backend"] == "vllm" else "torch"
+    return f"{r['label']} ({where}, {r['dtype']})"
+
+
+def _datasets(frame: pd.DataFrame) -> list[str]:
+    return sorted(frame["dataset"].unique(), key=lambda d: ORDER.index(d) if d in ORDER else 99)
+
+
+def _bars(frame: pd.DataFrame, key: str, title: str, ylabel: str, path: Path, errors: bool = False,
+          line: float | None = None) -> Path:
+    frame = frame[frame[key].notna()] if key in frame else frame.iloc[:0]
+    datasets = _datasets(frame) or ["none"]
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4.6), squeeze=False)
     for ax, ds in zip(axes[0], datasets):
-        rows = [s for s in summaries if s["dataset"] == ds and s.get(key) is not None]
-        rows.sort(key=lambda s: (_label(s).split("(")[1], s["method"]))
-        ax.bar(range(len(rows)), [s[key] for s in rows], color="tab:blue")
-        ax.set_xticks(range(len(rows)), [_label(s) for s in rows], rotation=60, ha="right", fontsize=8)
-        if baseline_line is not None:
-            ax.axhline(baseline_line, color="grey", lw=1, ls="--")
+        rows = frame[frame["dataset"] == ds]
+        rows = rows.assign(_l=[_label(r) for _, r in rows.iterrows()]).sort_values("_l")
+        x = range(len(rows))
+        yerr = None
+        if errors and len(rows):
+            value, low, high = (rows[c].astype(float) for c in (key, "ci_low", "ci_high"))
+            yerr = [(value - low).fillna(0).clip(lower=0).to_numpy(), (high - value).fillna(0).clip(lower=0).to_numpy()]
+        colors = ["tab:orange" if d == "float32" else "tab:blue" for d in rows["dtype"]]
+        ax.bar(x, rows[key].astype(float), yerr=yerr, capsize=3, color=colors)
+        ax.set_xticks(list(x), list(rows["_l"]), rotation=60, ha="right", fontsize=7)
+        if line is not None:
+            ax.axhline(line, color="grey", lw=1, ls="--")
         ax.set_title(ds)
         ax.set_ylabel(ylabel)
     fig.suptitle(title)
@@ -34,28 +50,29 @@ def _bars(summaries, key, title, ylabel, path, baseline_line=None):
     return path
 
 
-def plot_all(summaries: list[dict], out_dir: str) -> list[str]:
+def plot_all(frame: pd.DataFrame, out_dir: str) -> list[str]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    ok = frame[frame["error"].isna()] if "error" in frame else frame
     paths = [
-        _bars([s for s in summaries if s["method"] != "baseline"], "speedup",
-              "Speedup over the shared greedy baseline (wall time)", "speedup (x)",
-              out / "speedup.png", baseline_line=1.0),
-        _bars(summaries, "throughput_tok_s", "Throughput", "tokens / s", out / "throughput.png"),
+        _bars(ok, "speedup", "Paired speedup over the greedy baseline, with 95% intervals "
+              "(blue: speed dtype, orange: fp32 lossless checks)", "speedup (x)", out / "speedup.png",
+              errors=True, line=1.0),
+        _bars(ok, "throughput_tok_s", "Throughput", "tokens / s", out / "throughput.png"),
     ]
-    accept = [s for s in summaries if s.get("acceptance_by_position")]
-    datasets = sorted({s["dataset"] for s in accept}) or ["none"]
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
+    datasets = _datasets(ok) or ["none"]
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4), squeeze=False)
     for ax, ds in zip(axes[0], datasets):
-        for s in (x for x in accept if x["dataset"] == ds):
-            pos = s["acceptance_by_position"]
-            ax.plot(range(1, len(pos) + 1), pos, marker="o", label=_label(s))
+        for _, r in ok[ok["dataset"] == ds].iterrows():
+            pos = json.loads(r["acceptance_by_position"]) if isinstance(r.get("acceptance_by_position"), str) else []
+            if pos:
+                ax.plot(range(1, len(pos) + 1), pos, marker="o", label=_label(r))
         ax.set_title(ds)
         ax.set_xlabel("draft position")
         ax.set_ylabel("share of steps accepted through it")
         ax.set_ylim(0, 1)
         if ax.lines:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6)
     fig.suptitle("Acceptance by draft position")
     fig.tight_layout()
     fig.savefig(out / "acceptance_by_position.png", dpi=110)

@@ -1,146 +1,181 @@
-"""results/tables.md, the plots and the README's results section, from benchmark summaries."""
+"""results/rows.parquet, results/tables.md, the plots and the README's results section, all from
+the benchmark summaries through one pandas frame (report.rows)."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import pandas as pd
+
 from ..data.records import read_json, write_text
+from .rows import rows_frame, write_rows
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
-PATHS = {"torch": "non-vLLM PyTorch loop", "hf": "HF transformers generate (peer)"}
 DATASET_TITLES = {
     "chat_heldout": "Chat, held-out prompts (disjoint from training)",
-    "chat_overlap": "Chat, train-overlap slice (the reference system's eval setup)",
+    "chat_overlap": "Chat, train-overlap slice (the reference system's best-case probe: learned drafters saw these completions)",
     "wiki": "Extractive Wikipedia (prompt embeds the articles)",
+}
+NOTES = (
+    "Every speedup is paired: the method and the greedy baseline run in the same process on the "
+    "same prompts, alternating prompt by prompt (vLLM batched: alternating rounds of the whole "
+    "batch), and the bracket is its 95% interval (`speedup_ci_method` in `results/rows.parquet`). "
+    "Speedup = baseline wall time / method wall time (aggregate); acceptance = accepted / drafted "
+    "tokens; tau = tokens per target verification forward; matches = outputs equal to the "
+    "baseline arm's, token for token. `auto` rows run in the host's speed dtype (bf16 where the "
+    "CPU multiplies bf16 natively, else fp32); float32 rows are the lossless checks.")
+
+
+def _num(x, fmt):
+    return "-" if x is None or pd.isna(x) else format(x, fmt)
+
+
+def speedup_cell(r) -> str:
+    if pd.isna(r.get("speedup")):
+        return "-"
+    if pd.isna(r.get("ci_low")):
+        return f"{r['speedup']:.2f}x"
+    return f"{r['speedup']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+
+
+def matches_cell(r) -> str:
+    if pd.isna(r.get("matches_baseline")):
+        return "-"
+    return f"{int(r['matches_baseline'])}/{int(r['prompts'])}"
+
+
+def path_name(r) -> str:
+    if r["backend"] == "vllm":
+        return f"vLLM {r['mode']} (max_num_seqs={int(r['settings.max_num_seqs'])})"
+    return "HF generate (peer)" if r["method"].startswith("hf_") else "PyTorch loop"
+
+
+def dtype_name(r) -> str:
+    return r["dtype"] if r["dtype_requested"] != "auto" else f"{r['dtype']} (auto)"
+
+
+def table(frame: pd.DataFrame, columns: dict) -> str:
+    """A markdown table: columns maps a header to a function of the row."""
+    out = pd.DataFrame({head: [fn(r) for _, r in frame.iterrows()] for head, fn in columns.items()})
+    return out.to_markdown(index=False)
+
+
+ROW_COLUMNS = {
+    "Path": path_name,
+    "Method": lambda r: r["label"],
+    "Draft": lambda r: r.get("draft_shape") if isinstance(r.get("draft_shape"), str) else "-",
+    "Dtype": dtype_name,
+    "Prompts": lambda r: _num(r.get("prompts"), ".0f"),
+    "Speedup [95% CI]": speedup_cell,
+    "Median prompt speedup": lambda r: _num(r.get("median_prompt_speedup"), ".2f"),
+    "Acceptance": lambda r: _num(100 * r["acceptance_rate"] if pd.notna(r.get("acceptance_rate")) else None, ".1f")
+    + ("%" if pd.notna(r.get("acceptance_rate")) else ""),
+    "Tau": lambda r: _num(r.get("tau"), ".2f"),
+    "Draft / target ms per step": lambda r: "-" if pd.isna(r.get("draft_ms_per_step"))
+    else f"{r['draft_ms_per_step']:.1f} / {r['target_ms_per_step']:.1f}",
+    "Baseline tok/s": lambda r: _num(r.get("baseline_throughput_tok_s"), ".1f"),
+    "Method tok/s": lambda r: _num(r.get("throughput_tok_s"), ".1f"),
+    "Matches baseline": matches_cell,
 }
 
 
-def _f(x, fmt):
-    return "n/a" if x is None else format(x, fmt)
+def host_lines(frame: pd.DataFrame) -> list[str]:
+    """Which host class produced these rows: CPU model, ISA level, native bf16, the speed dtype."""
+    cols = ["environment.cpu.cpu_model", "environment.cpu.isa", "environment.cpu.native_bf16",
+            "environment.cpu.bf16_flags"]
+    if not set(cols) <= set(frame.columns):
+        return []
+    lines = []
+    for values, _ in frame.groupby(cols, dropna=False):
+        model, isa, native, flags = values
+        flags = ", ".join(json.loads(flags)) if isinstance(flags, str) else ""
+        lines.append(f"Host: {model}, ISA {isa}, native bf16 matmuls: {'yes (' + flags + ')' if native else 'no'}.")
+    auto = frame[frame["dtype_requested"] == "auto"]
+    for (dtype, reason), _ in auto.groupby(["dtype", "settings.dtype_reason"]):
+        lines.append(f"Speed dtype (`auto`): {dtype} ({reason}).")
+    return lines
 
 
-def _x(x):
-    return "n/a" if x is None else f"{x:.3f}x"
+def headline(frame: pd.DataFrame) -> str:
+    """One row per method: held-out speedup first, the train-overlap probe beside it, and the
+    fp32 lossless check."""
+    torch_rows = frame[(frame["backend"] == "torch") & ~frame["method"].str.startswith("hf_")]
+    held = torch_rows[(torch_rows["dataset"] == "chat_heldout") & (torch_rows["dtype_requested"] == "auto")]
+    over = torch_rows[(torch_rows["dataset"] == "chat_overlap") & (torch_rows["dtype_requested"] == "auto")]
+    fp32 = torch_rows[torch_rows["dtype"] == "float32"]
+    rows = []
+    for _, h in held.sort_values("speedup", ascending=False).iterrows():
+        o = over[over["method"] == h["method"]]
+        checks = fp32[fp32["method"] == h["method"]]
+        rows.append({
+            "Method": h["label"],
+            "Held-out speedup [95% CI]": speedup_cell(h),
+            "Held-out tau": _num(h.get("tau"), ".2f"),
+            "Train-overlap speedup (best case)": speedup_cell(o.iloc[0]) if len(o) else "-",
+            "Train-overlap tau": _num(o.iloc[0].get("tau"), ".2f") if len(o) else "-",
+            "Lossless (fp32 matches)": ", ".join(f"{matches_cell(c)}" for _, c in checks.iterrows()) or "-",
+        })
+    if not rows:
+        return ""
+    return pd.DataFrame(rows).to_markdown(index=False)
 
 
-def _pct(x):
-    return "n/a" if x is None else f"{100 * x:.2f}%"
-
-
-def path_of(s: dict) -> str:
-    st = s["settings"]
-    if st["backend"] == "vllm":
-        kind = "serial latency" if st["mode"] == "serial" else "batched throughput"
-        return f"vLLM {kind} (max_num_seqs={st['max_num_seqs']})"
-    if st["method"].startswith("hf_"):
-        return PATHS["hf"]
-    return PATHS.get(st["backend"], st["backend"])
-
-
-def group_of(s: dict) -> str:
-    """Rows share a baseline within a group: the PyTorch loop per dtype, vLLM per mode."""
-    st = s["settings"]
-    if st["backend"] == "vllm":
-        return f"{path_of(s)}, {st['dtype']}"
-    return f"PyTorch loop, {st['dtype']}"
-
-
-def load_summaries(paths) -> list[dict]:
+def peer_lines(frame: pd.DataFrame) -> list[str]:
     out = []
-    for p in paths:
-        s = read_json(p)
-        for key in ("method", "dataset", "settings") + (() if "error" in s else ("wall_s", "throughput_tok_s")):
-            if key not in s:
-                raise ValueError(f"{p}: summary has no field {key!r}")
-        s["_path"] = str(p)
-        out.append(s)
+    for _, r in frame[frame.get("same_run.counterpart", pd.Series(index=frame.index)).notna()].iterrows():
+        lo, hi = json.loads(r["same_run.counterpart_speedup_ci"])
+        out.append(f"- {r['label']} ({r['dataset']}, {dtype_name(r)}): ours ({r['same_run.counterpart']}) ran "
+                   f"**{r['same_run.counterpart_speedup']:.2f}x** [{lo:.2f}, {hi:.2f}] its speed, same "
+                   f"process, alternating; identical outputs on {int(r['same_run.same_outputs'])}/{int(r['prompts'])} prompts.")
+    hf = frame[(frame["method"] == "hf_generate") & frame["speedup"].notna()]
+    for _, r in hf.iterrows():
+        out.append(f"- HF `generate` ({r['dataset']}, {dtype_name(r)}): our baseline loop ran "
+                   f"**{1 / r['speedup']:.2f}x** [{1 / r['ci_high']:.2f}, {1 / r['ci_low']:.2f}] its speed.")
     return out
 
 
-def _row(s: dict) -> str:
-    if "error" in s:  # vLLM refused the method: say why, in its words
-        reason = s["error"].splitlines()[0][:300].replace("|", "/")
-        return "| " + " | ".join([path_of(s), s["method"], "-", s["settings"]["dtype"]]
-                                 + [f"not run: {reason}"] + ["-"] * 11) + " |"
-    matches = "n/a" if s.get("matches_baseline") is None else \
-        f"{s['matches_baseline']}/{s['prompts']} ({s['token_count_mismatches']} len. mismatch)"
-    cells = [
-        path_of(s), s["method"], s.get("draft_shape") or "-", s["settings"]["dtype"], str(s["prompts"]),
-        _f(s.get("baseline_wall_s"), ".2f") + ("s" if s.get("baseline_wall_s") is not None else ""),
-        f"{s['wall_s']:.2f}s",
-        _f(s.get("baseline_throughput_tok_s"), ".2f") + (" tok/s" if s.get("baseline_throughput_tok_s") else ""), f"{s['throughput_tok_s']:.2f} tok/s",
-        _x(s.get("speedup")), _x(s.get("median_prompt_speedup")), _x(s.get("decode_speedup")), _pct(s.get("acceptance_rate")), _f(s.get("tau"), ".2f"),
-        "-" if s.get("draft_ms_per_step") is None else f"{s['draft_ms_per_step']:.1f} / {s['target_ms_per_step']:.1f} ms",
-        matches,
-    ]
-    return "| " + " | ".join(cells) + " |"
+def acceptance_table(rows: pd.DataFrame) -> str:
+    per_pos = {r["label"] + f" ({path_name(r)}, {dtype_name(r)})": json.loads(r["acceptance_by_position"])
+               for _, r in rows.iterrows() if isinstance(r.get("acceptance_by_position"), str)
+               and json.loads(r["acceptance_by_position"])}
+    if not per_pos:
+        return ""
+    width = max(len(v) for v in per_pos.values())
+    data = {"Method": list(per_pos)}
+    for i in range(width):
+        data[f"pos {i + 1}"] = [f"{100 * v[i]:.1f}%" if i < len(v) else "-" for v in per_pos.values()]
+    return pd.DataFrame(data).to_markdown(index=False)
 
 
-HEADER = ("| Path | Method | Draft tokens | Dtype | Prompts | Baseline wall time | Method wall time | "
-          "Baseline throughput | Method throughput | Speedup | Median prompt speedup | Decode speedup | "
-          "Acceptance | Tau | Draft / target per step | Matches baseline |")
-
-
-def same_run_line(s: dict) -> str:
-    r = s["same_run"]
-    return (f"Same run, alternating prompt by prompt ({s['settings']['dtype']}): ours ({r['counterpart']}) "
-            f"vs {s['method']}: **{r['counterpart_speedup']:.3f}x** its speed (median per prompt "
-            f"{r['counterpart_median_prompt_speedup']:.3f}x; {r['counterpart_throughput_tok_s']:.2f} vs "
-            f"{r['throughput_tok_s']:.2f} tok/s; identical outputs on {r['same_outputs']}/{s['prompts']} prompts).")
-
-
-def render_tables(summaries: list[dict]) -> str:
-    lines = ["# Benchmark results", "",
-             "Generated by `snakemake results/tables.md` from `results/**/*.summary.json`. Speedup = "
-             "shared baseline wall time / method wall time on the same prompts (aggregate); median "
-             "prompt speedup = median of per-prompt ratios; decode speedup leaves out the time to "
-             "first token; acceptance = accepted / drafted tokens; tau = tokens per target "
-             "verification forward; draft / target per step = time in the proposer vs the rest of "
-             "a decode step (target forward, verification, commit), over the steps after the first "
-             "token. Proposers that need no target state (draft model, PARD, n-gram, suffix) have "
-             "their first draft verified in the prefill's forward, as Hugging Face's assisted "
-             "generation does. "
-             "Greedy decoding throughout: every row's output is compared token for token with the "
-             "baseline's.", ""]
-    datasets = sorted({s["dataset"] for s in summaries}, key=lambda d: list(DATASET_TITLES).index(d)
-                      if d in DATASET_TITLES else 99)
-    for ds in datasets:
-        rows = [s for s in summaries if s["dataset"] == ds]
+def render_tables(frame: pd.DataFrame) -> str:
+    lines = ["# Benchmark results", "", "Generated by `snakemake results/tables.md` from the benchmark "
+             "summaries (every field: `results/rows.parquet`). " + NOTES, ""]
+    lines += host_lines(frame) + [""]
+    head = headline(frame)
+    if head:
+        lines += ["## Headline: chat held-out, PyTorch loop, speed dtype", "", head, ""]
+    peers = peer_lines(frame)
+    if peers:
+        lines += ["## Hugging Face peers, timed in the same process", ""] + peers + [""]
+    order = {d: i for i, d in enumerate(DATASET_TITLES)}
+    for ds in sorted(frame["dataset"].unique(), key=lambda d: order.get(d, 99)):
+        rows = frame[frame["dataset"] == ds]
         lines += [f"## {DATASET_TITLES.get(ds, ds)}", ""]
-        for name in sorted({group_of(s) for s in rows}):
-            group = [s for s in rows if group_of(s) == name]
-            base = [s for s in group if s["method"] == "baseline" and "error" not in s]
-            if base:
-                b = base[0]
-                lines.append(f"Baseline ({name}): {b['prompts']} prompts, {b['new_tokens']} new tokens, "
-                             f"{b['wall_s']:.2f}s, {b['throughput_tok_s']:.2f} tok/s, "
-                             f"max_new_tokens={b['settings']['max_new_tokens']}"
-                             + (f", {b['skipped_prompts']} prompt(s) skipped (too long)" if b["skipped_prompts"] else "")
-                             + ".")
-                lines.append("")
-            for s in group:
-                if s.get("same_run"):
-                    lines += [same_run_line(s), ""]
-            others = sorted((s for s in group if s["method"] != "baseline"), key=lambda s: (path_of(s), s["method"]))
-            errors = [s for s in group if s["method"] == "baseline" and "error" in s]
-            others = errors + others
-            if others:
-                lines += [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
-                lines += [_row(s) for s in others]
-                lines.append("")
-        accept = [s for s in rows if s.get("acceptance_by_position")]
-        if accept:
-            width = max(len(s["acceptance_by_position"]) for s in accept)
-            lines += [f"Acceptance by draft position ({ds}): share of drafting steps whose first i+1 "
-                      "draft tokens were all accepted.", "",
-                      "| Method | Path | " + " | ".join(f"pos {i + 1}" for i in range(width)) + " |",
-                      "|---|---|" + "---|" * width]
-            for s in accept:
-                pos = s["acceptance_by_position"]
-                lines.append(f"| {s['method']} | {group_of(s)} | "
-                             + " | ".join(_pct(pos[i]) if i < len(pos) else "-" for i in range(width)) + " |")
+        errors = rows[rows.get("error", pd.Series(index=rows.index)).notna()]
+        ok = rows.drop(errors.index)
+        if len(ok):
+            ok = ok.assign(_path=[path_name(r) for _, r in ok.iterrows()]).sort_values(["_path", "dtype", "label"])
+            lines += [table(ok, ROW_COLUMNS), ""]
+        for _, r in errors.iterrows():
+            lines.append(f"- {path_name(r)}, {r['label']}: not run: {r['error'].splitlines()[0][:300]}")
+        if len(errors):
             lines.append("")
+        acc = acceptance_table(ok)
+        if acc:
+            lines += [f"Acceptance by draft position ({ds}): share of drafting steps whose first i+1 draft "
+                      "tokens were all accepted.", "", acc, ""]
     return "\n".join(lines)
 
 
@@ -157,14 +192,7 @@ def render_checkpoints(ckpt_dirs) -> str:
     draft position)."""
     if not ckpt_dirs:
         return ""
-    lines = ["## Trained checkpoints", "",
-             "Eval proxy: teacher-forced top-1 accuracy on the target's greedy completions, per Medusa "
-             "head (head k predicts token t+1+k), MTP module, EAGLE-3 TTT step (step s drafts from its own "
-             "states of steps < s), or draft position (draft model: the next token; PARD: tokens 1..K "
-             "from one forward); train-overlap = the first training records, "
-             "held-out = the held-out chat prompts.", "",
-             "| Checkpoint | Steps x batch | Train time | Final train loss | Train-overlap accuracy | Held-out accuracy |",
-             "|---|---|---|---|---|---|"]
+    rows = []
     for d in ckpt_dirs:
         p, c = checkpoint_record(d)
         for key in ("method", "train", "eval_proxy", "train_log"):
@@ -174,22 +202,31 @@ def render_checkpoints(ckpt_dirs) -> str:
         acc_key = next(k for k in ev["heldout"] if k.startswith(("top1_accuracy", "accuracy")))
         fmt = lambda xs: " / ".join(f"{100 * x:.1f}%" for x in xs)
         log = c["train_log"]
-        lines.append(f"| {d} | {c['train']['steps']} x {c['train']['batch_size']} | "
-                     f"{_f(c.get('train_seconds'), '.0f')}s | {_f(log[-1]['loss'] if log else None, '.3f')} | "
-                     f"{fmt(ev['overlap'][acc_key])} | {fmt(ev['heldout'][acc_key])} |")
-    return "\n".join(lines + [""])
+        rows.append({"Checkpoint": d, "Steps x batch": f"{c['train']['steps']} x {c['train']['batch_size']}",
+                     "Dtype": c["train"].get("dtype", "float32"),
+                     "Train time": f"{_num(c.get('train_seconds'), '.0f')}s",
+                     "Final train loss": _num(log[-1]["loss"] if log else None, ".3f"),
+                     "Train-overlap accuracy": fmt(ev["overlap"][acc_key]),
+                     "Held-out accuracy": fmt(ev["heldout"][acc_key])})
+    return "\n".join(["## Trained checkpoints", "",
+                      "Eval proxy: teacher-forced top-1 accuracy on the target's greedy completions, per "
+                      "Medusa head (head k predicts token t+1+k), MTP module, EAGLE-3 TTT step, or draft "
+                      "position; train-overlap = the first training records, held-out = the held-out "
+                      "chat prompts.", "", pd.DataFrame(rows).to_markdown(index=False), ""])
 
 
 def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section: str,
-                 readme: str | None = None, checkpoint_configs=()) -> None:
+                 readme: str | None = None, checkpoint_configs=(), out_rows: str | None = None) -> None:
     from .plots import plot_all
 
-    summaries = load_summaries(summary_paths)
-    tables = render_tables(summaries)
+    frame = rows_frame(summary_paths)
+    if out_rows:
+        write_rows(frame, out_rows)
+    tables = render_tables(frame)
     ckpts = render_checkpoints(list(checkpoint_configs))
     if ckpts:
         tables = tables + "\n" + ckpts
-    plots = plot_all(summaries, plots_dir)
+    plots = plot_all(frame, plots_dir)
     rel = os.path.relpath(plots_dir, Path(readme).parent if readme else ".")
     section = "\n".join([START, "", tables.replace("# Benchmark results", "### Benchmark results", 1)
                          .replace("\n## ", "\n#### "), ""]
@@ -200,10 +237,10 @@ def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section:
         patch_readme(readme, section)
 
 
-def patch_readme(readme: str, section: str) -> None:
+def patch_readme(readme: str, section: str, start: str = START, end: str = END) -> None:
     text = Path(readme).read_text()
-    if START not in text or END not in text:
-        raise ValueError(f"{readme}: no results markers ({START} ... {END}) to write between")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
+    if start not in text or end not in text:
+        raise ValueError(f"{readme}: no results markers ({start} ... {end}) to write between")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
     write_text(readme, head + section + tail)

@@ -1,0 +1,74 @@
+"""The host's compute capability, and the speed dtype it implies.
+
+`auto` in the config (benchmarks, vLLM, distillation, hidden states, training) resolves here, in
+the job, on the machine that runs it:
+- a CUDA device, or a CPU whose cores multiply bf16 natively (AMX or AVX-512 BF16): bfloat16;
+- any other CPU (AVX2 only, or AVX-512 without BF16): float32. There oneDNN emulates bf16
+  matmuls, so a forward's cost grows with its token count (16 new tokens cost ~5.7x one on a
+  2-core AVX2 host, against ~1.3x on a bf16-native one): verifying drafts in bf16 would cost more
+  than decoding them one by one, and fp32 is faster outright.
+Every summary records `capability()` and the choice with its reason.
+"""
+from __future__ import annotations
+
+import platform
+
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")   # /proc/cpuinfo flags of native bf16 matmuls
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def isa_level() -> str:
+    """torch's CPU kernel level: "AVX2", "AVX512", ... ("DEFAULT" without vector units)."""
+    import torch
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def capability() -> dict:
+    flags = cpu_flags()
+    bf16 = sorted(f for f in NATIVE_BF16_FLAGS if f in flags)
+    return {"cpu_model": cpu_model(), "isa": isa_level(), "native_bf16": bool(bf16), "bf16_flags": bf16}
+
+
+def speed_dtype(device: str = "cpu", cap: dict | None = None) -> tuple[str, str]:
+    """(dtype, reason): the dtype a timed run uses on this host."""
+    if device.startswith("cuda"):
+        return "bfloat16", "CUDA device: bf16 tensor cores"
+    cap = cap if cap is not None else capability()
+    if cap["native_bf16"]:
+        return "bfloat16", f"CPU multiplies bf16 natively ({', '.join(cap['bf16_flags'])}; ISA {cap['isa']})"
+    return "float32", (f"CPU has no native bf16 matmul (ISA {cap['isa']}, no {' / '.join(NATIVE_BF16_FLAGS)}): "
+                       "bf16 is emulated and verification cost grows with the draft")
+
+
+def resolve_dtype(name: str, device: str = "cpu") -> str:
+    """A configured dtype: `auto` becomes this host's speed dtype; any other name is kept."""
+    return speed_dtype(device)[0] if name == "auto" else name
+
+
+def dtype_record(requested: str, device: str = "cpu") -> dict:
+    """What a summary says about its dtype: the requested name, the one used, and why."""
+    if requested == "auto":
+        used, why = speed_dtype(device)
+        return {"dtype_requested": "auto", "dtype": used, "dtype_reason": why}
+    return {"dtype_requested": requested, "dtype": requested, "dtype_reason": "set in the config"}

@@ -1,0 +1,51 @@
+"""The reproducibility check: the same benchmark rows from two runs at the same code (results/
+and results/rerun/), and how far each speedup moved between them."""
+from __future__ import annotations
+
+import pandas as pd
+
+from .rows import KEY, rows_frame
+
+START, END = "<!-- drift:start -->", "<!-- drift:end -->"
+
+
+def drift_frame(first_paths, second_paths) -> pd.DataFrame:
+    cols = KEY + ["label", "dtype_requested", "speedup", "ci_low", "ci_high", "tau", "matches_baseline"]
+    a, b = (rows_frame(p) for p in (first_paths, second_paths))
+    a, b = (f[f["speedup"].notna()][[c for c in cols if c in f]] for f in (a, b))
+    both = a.merge(b, on=KEY + ["label", "dtype_requested"], suffixes=("_1", "_2"), validate="one_to_one")
+    both["drift"] = both["speedup_2"] / both["speedup_1"] - 1
+    return both.sort_values(KEY).reset_index(drop=True)
+
+
+def render_drift(both: pd.DataFrame) -> str:
+    chat = both[both["dataset"].str.startswith("chat") & both["dtype_requested"].eq("auto")]
+    worst = chat["drift"].abs().max() if len(chat) else float("nan")
+    view = pd.DataFrame({
+        "Backend": [f"{r['backend']} {r['mode']}" for _, r in both.iterrows()],
+        "Data set": both["dataset"],
+        "Dtype": [r["dtype"] + (" (auto)" if r["dtype_requested"] == "auto" else "") for _, r in both.iterrows()],
+        "Method": both["label"],
+        "Run 1 speedup [95% CI]": [f"{r['speedup_1']:.2f}x [{r['ci_low_1']:.2f}, {r['ci_high_1']:.2f}]" for _, r in both.iterrows()],
+        "Run 2 speedup [95% CI]": [f"{r['speedup_2']:.2f}x [{r['ci_low_2']:.2f}, {r['ci_high_2']:.2f}]" for _, r in both.iterrows()],
+        "Drift": [f"{100 * d:+.1f}%" for d in both["drift"]],
+        "Tau 1 / 2": [f"{r['tau_1']:.2f} / {r['tau_2']:.2f}" if pd.notna(r["tau_1"]) and pd.notna(r["tau_2"]) else "-"
+                      for _, r in both.iterrows()],
+    })
+    return "\n".join([
+        "### Reproducibility: two runs of the benchmark stage at the same code", "",
+        f"{len(both)} rows in both runs; largest speedup drift on a chat row in the speed dtype: "
+        f"**{100 * worst:.1f}%**. Drift = run 2 / run 1 - 1.", "", view.to_markdown(index=False), ""])
+
+
+def write_drift(first_paths, second_paths, out: str, readme: str | None = None) -> pd.DataFrame:
+    from ..data.records import write_text
+    from .tables import patch_readme
+
+    both = drift_frame(first_paths, second_paths)
+    text = render_drift(both)
+    write_text(out, text)
+    if readme:
+        patch_readme(readme, f"{START}\n\n{text}\n{END}", START, END)
+    print(text)
+    return both

@@ -1,0 +1,74 @@
+"""The tidy results table: one row per benchmark summary, every summary field a column.
+
+Key: (backend, mode, dataset, dtype, method, variant). Nested summary fields are flattened with
+pandas (`settings.params.draft_len`, `environment.cpu.isa`); lists and mappings that do not fit a
+column are stored as JSON text. `results/rows.parquet` is written from this frame, and the tables,
+the README section and the plots are rendered from it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ..data.records import read_json
+
+KEY = ["backend", "mode", "dataset", "dtype", "method", "variant"]
+# a headline row: our loop, the speed dtype, prompts no drafter trained on
+HEADLINE = {"backend": "torch", "dataset": "chat_heldout", "dtype_requested": "auto"}
+
+
+def load_summary(path) -> dict:
+    s = read_json(path)
+    required = ("method", "dataset", "settings") + (() if "error" in s else ("wall_s", "throughput_tok_s"))
+    for key in required:
+        if key not in s:
+            raise ValueError(f"{path}: summary has no field {key!r}")
+    for key in ("backend", "dtype"):
+        if key not in s["settings"]:
+            raise ValueError(f"{path}: summary has no field settings.{key!r}")
+    return s
+
+
+def _cell(x):
+    return json.dumps(x) if isinstance(x, (list, dict)) else x
+
+
+def rows_frame(paths) -> pd.DataFrame:
+    summaries = [load_summary(p) for p in paths]
+    frame = pd.json_normalize(summaries, max_level=2)
+    frame = frame.apply(lambda col: col.map(_cell) if col.dtype == object else col)
+    def st(key):
+        return frame.get(f"settings.{key}", pd.Series(None, index=frame.index, dtype=object)).astype(object)
+
+    frame.insert(0, "backend", st("backend"))
+    frame.insert(1, "mode", st("mode").where(st("mode").notna(), "loop"))
+    frame["method"], frame["variant"] = st("method"), st("variant")
+    frame["label"] = [s["method"] for s in summaries]   # method/variant, as in the records
+    frame["dtype"] = st("dtype")
+    frame["dtype_requested"] = st("dtype_requested").where(st("dtype_requested").notna(), frame["dtype"])
+    ci = [s.get("speedup_ci") or [None, None] for s in summaries]
+    frame["ci_low"] = [c[0] for c in ci]
+    frame["ci_high"] = [c[1] for c in ci]
+    frame["summary_path"] = [str(p) for p in paths]
+    frame["headline"] = (frame["backend"].eq(HEADLINE["backend"]) & frame["dataset"].eq(HEADLINE["dataset"])
+                         & frame["dtype_requested"].eq(HEADLINE["dtype_requested"])
+                         & ~frame["method"].str.startswith("hf_"))
+    duplicated = frame.duplicated(KEY, keep=False)
+    if duplicated.any():
+        raise ValueError(f"two summaries for one row: {sorted(frame.loc[duplicated, 'summary_path'])}")
+    return frame.sort_values(KEY).reset_index(drop=True)
+
+
+def write_rows(frame: pd.DataFrame, path: str) -> None:
+    """Write the frame as parquet, through a temporary file (readers never see half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
