@@ -180,11 +180,11 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
         engine.generate(inputs[:warmup] if mode == "serial" else inputs[: max(warmup, 1) * max_num_seqs],
                         sampling, use_tqdm=False)
 
-    # vLLM's counters are process-wide: only the method's engine drafts, so the differences
-    # around its own calls are its acceptance
+    # vLLM's counters are process-wide, but only the method's engine drafts: their difference
+    # over the measured pass is its acceptance
     counters = {"before": spec_counters(llm)}
     walls = {"method": [], "baseline": []}
-    outputs = {}
+    outputs = {"method": [], "baseline": []}
 
     def timed(name, engine, batch):
         t = time.perf_counter()
@@ -194,7 +194,6 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
 
     engines = {"method": llm, "baseline": base_llm}
     if mode == "serial":
-        outputs = {"method": [], "baseline": []}
         for i, inp in enumerate(tqdm(inputs, desc=f"{label} vs baseline (vLLM serial)", unit="prompt")):
             for name in ("method", "baseline") if i % 2 == 0 else ("baseline", "method"):
                 outputs[name] += timed(name, engines[name], [inp])

@@ -95,14 +95,6 @@ def acceptance_stats(drafted: list[int], accepted: list[int], depth: list[int] |
     }
 
 
-def baseline_by_prompt(records: list[dict], baseline: list[dict]) -> list[dict]:
-    by_id = {r["id"]: r for r in baseline}
-    missing = [r["id"] for r in records if r["id"] not in by_id]
-    if missing:
-        raise ValueError(f"prompts {missing} have no baseline record")
-    return [by_id[r["id"]] for r in records]
-
-
 def paired_speedup(base: list[dict], records: list[dict], resamples: int) -> dict:
     """The baseline arm vs this arm, timed alternately in one process on the same prompts:
     aggregate speedup with its paired bootstrap interval, and per-prompt ratios."""
@@ -174,7 +166,8 @@ def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
     else:
         s["draft_ms_per_step"] = s["target_ms_per_step"] = s["draft_to_target_cost"] = None
     if baseline is not None:
-        base = baseline_by_prompt(records, baseline)
+        by_id = {b["id"]: b for b in baseline}   # attach_baseline has checked every id is there
+        base = [by_id[r["id"]] for r in records]
         s.update(paired_speedup(base, records, resamples))
         if has_ttft and all(b["ttft_s"] is not None for b in base):
             b_dec = s["baseline_wall_s"] - sum(b["ttft_s"] for b in base)

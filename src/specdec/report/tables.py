@@ -102,7 +102,7 @@ def headline(frame: pd.DataFrame) -> str:
     """One row per method: held-out speedup first, the train-overlap probe beside it, and the
     fp32 lossless check."""
     torch_rows = frame[(frame["backend"] == "torch") & ~frame["method"].str.startswith("hf_")]
-    held = torch_rows[(torch_rows["dataset"] == "chat_heldout") & (torch_rows["dtype_requested"] == "auto")]
+    held = frame[frame["headline"]]
     over = torch_rows[(torch_rows["dataset"] == "chat_overlap") & (torch_rows["dtype_requested"] == "auto")]
     fp32 = torch_rows[torch_rows["dtype"] == "float32"]
     rows = []
