@@ -86,3 +86,17 @@ def check_against_fresh_proposer(model, method: str, params: dict, records, comp
         with torch.inference_mode():
             outcomes.update(decode(target, rec["prompt_ids"], max_new_tokens, set(), prop).accepted)
     return checked, outcomes
+
+
+def save_word_tokenizer(path, vocab_size=VOCAB):
+    """A word-level tokenizer for a tiny target: token i is the word `w{i}` (0: <unk>, 2: </s>),
+    saved beside the model so that text goes in and comes out (no chat template)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)} | {"<unk>": 0, "</s>": 2}
+    del vocab["w0"], vocab["w2"]
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>").save_pretrained(path)

@@ -11,9 +11,9 @@ from conftest import distillation_set, tiny_llama, tiny_qwen2
 from specdec.backends.hf_generate import hf_decode, peer_kwargs
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel
-from specdec.methods import build_proposer, draft_model, pard
+from specdec.methods import build_proposer, draft_model, pard, train_checkpoint
 from specdec.train.checkpoint import CheckpointMismatch
-from specdec.train.draft_lm import (IGNORE, DraftLMConfig, causal_batch, default_init_layers,
+from specdec.methods.draft_lm import (IGNORE, DraftLMConfig, causal_batch, default_init_layers,
                                     derive_from_target, load_draft_lm)
 from specdec.train.hidden import Sequence
 
@@ -34,9 +34,9 @@ def trained(request, tmp_path_factory):
     used = {t for r in records for t in r["prompt_ids"] + r["completion_ids"]}
     pard_token = max(set(range(model.config.vocab_size)) - used)   # a token the data never uses
     draft_settings = {"num_layers": 2, "init_layers": [0, 2]}
-    draft_model.train_checkpoint(str(hidden), str(target_dir), str(root / "draft"),
+    train_checkpoint("draft_model", str(hidden), str(target_dir), str(root / "draft"),
                                  {"train": FAST, "draft": draft_settings}, overlap=4)
-    pard.train_checkpoint(str(hidden), str(target_dir), str(root / "pard"),
+    train_checkpoint("pard", str(hidden), str(target_dir), str(root / "pard"),
                           {"train": FAST, "draft": draft_settings,
                            "pard": {"pard_token": pard_token, "train_draft_len": 4}}, overlap=4)
     return {"pard_token": pard_token, "model": model, "root": root, "target_dir": target_dir, "hidden": hidden, "records": records}
@@ -169,7 +169,7 @@ def test_checkpoint_round_trip(trained):
 def test_pard_token_used_by_the_data_is_refused(trained, tmp_path):
     used = trained["records"][0]["prompt_ids"][0]
     with pytest.raises(ValueError, match=f"pard_token {used} occurs"):
-        pard.train_checkpoint(str(trained["hidden"]), str(trained["target_dir"]), str(tmp_path / "p"),
+        train_checkpoint("pard", str(trained["hidden"]), str(trained["target_dir"]), str(tmp_path / "p"),
                               {"train": {**FAST, "steps": 1}, "draft": {"num_layers": 1},
                                "pard": {"pard_token": used}}, overlap=4)
 
@@ -183,34 +183,6 @@ def test_other_vocabulary_or_method_is_refused(trained):
         load_draft_lm(str(trained["root"] / "pard"), "draft_model", cfg)
 
 
-def test_resume_continues_where_it_stopped(trained, tmp_path, monkeypatch):
-    """A run interrupted after its step-3 save and rerun ends with the same weights as one
-    straight run."""
-    import specdec.train.draft_lm as dl
-    from safetensors.torch import load_file
-    s = {"train": {**FAST, "steps": 6, "save_every": 3}, "draft": {"num_layers": 1}}
-    args = (str(trained["hidden"]), str(trained["target_dir"]))
-    draft_model.train_checkpoint(*args, str(tmp_path / "straight"), s, overlap=4)
-    real_train = dl.train
-
-    def interrupted(module, loss_fn, cfg, out_dir, run_id, desc="train"):
-        def failing(m, step):
-            if step == 4:
-                raise KeyboardInterrupt
-            return loss_fn(m, step)
-        return real_train(module, failing, cfg, out_dir, run_id, desc)
-    monkeypatch.setattr(dl, "train", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        draft_model.train_checkpoint(*args, str(tmp_path / "resumed"), s, overlap=4)
-    monkeypatch.setattr(dl, "train", real_train)
-    assert (tmp_path / "resumed" / "resume.pt").exists()
-    draft_model.train_checkpoint(*args, str(tmp_path / "resumed"), s, overlap=4)
-    a = load_file(tmp_path / "straight" / "model.safetensors")
-    b = load_file(tmp_path / "resumed" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
-
-
-# ---- inference -------------------------------------------------------------------------------
 def test_draft_cache_after_partial_acceptance_equals_a_fresh_prefill(trained):
     """After every step the draft's cache holds exactly the KV a from-scratch prefill of the
     verified tokens it has consumed would hold."""
@@ -361,7 +333,7 @@ def test_vllm_exports_are_plain_hugging_face_drafts(trained, tmp_path):
     """The exports vLLM loads as speculative_config.model: the HF files, target vocabulary, and
     for PARD the pard_token its parallel drafting reads; our metadata stays behind."""
     from transformers import AutoModelForCausalLM
-    from specdec.backends.vllm_bench import speculative_config
+    from specdec.methods import vllm_config as speculative_config
     for method, ckpt in (("draft_model", "draft"), ("pard", "pard")):
         out = tmp_path / method
         build_module = draft_model if method == "draft_model" else pard
@@ -371,7 +343,7 @@ def test_vllm_exports_are_plain_hugging_face_drafts(trained, tmp_path):
         assert not (out / "specdec.json").exists() and (out / "manifest.json").exists()
         assert ("pard_token" in cfg) == (method == "pard")
         assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
-        spec = speculative_config(method, {"draft_len": 3}, str(out))
+        spec = speculative_config(method, {"checkpoint": str(trained["root"] / ckpt), "draft_len": 3}, str(out))
         assert spec["model"] == str(out) and spec["num_speculative_tokens"] == 3
         assert spec.get("parallel_drafting", False) == (method == "pard")
     with pytest.raises(CheckpointMismatch, match="not 'pard'"):
@@ -383,7 +355,7 @@ def test_pretrained_init_is_padded_to_the_target_vocabulary(tmp_path):
     target with a larger embedding (152,064): the draft is padded to the target's size; a base
     with a larger vocabulary is refused."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    from specdec.train.draft_lm import from_pretrained_init
+    from specdec.methods.draft_lm import from_pretrained_init
     target = tiny_llama()
     for vocab in (56, 72):
         cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

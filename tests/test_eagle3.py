@@ -11,7 +11,7 @@ from conftest import check_against_fresh_proposer, distillation_set, tiny_llama,
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel, new_cache
 from specdec.core.tree import tree_attention_inputs
-from specdec.methods import build_proposer, eagle3
+from specdec.methods import build_proposer, eagle3, train_checkpoint
 from specdec.train.hidden import HiddenStates, Sequence
 
 FAST = {"steps": 60, "batch_size": 8, "lr": 1e-2, "warmup_steps": 2, "save_every": 25, "log_every": 1}
@@ -24,7 +24,7 @@ def trained(request, tmp_path_factory):
     model = tiny_llama() if request.param == "llama" else tiny_qwen2()
     out = distillation_set(model, tmp_path_factory.mktemp(f"eagle3-{request.param}"), TAPS)
     for name, ttt, vocab in (("ttt3", 3, None), ("ttt2_dv", 2, 40)):
-        eagle3.train_checkpoint(str(out["hidden"]), str(out["target_dir"]), str(out["root"] / name),
+        train_checkpoint("eagle3", str(out["hidden"]), str(out["target_dir"]), str(out["root"] / name),
                                 {"train": FAST, "eagle3": {"taps": TAPS, "ttt_steps": ttt, "draft_vocab_size": vocab,
                                                            "train_context": 6}}, overlap=4)
     return out
@@ -251,44 +251,3 @@ def test_checkpoint_of_another_method_is_refused(trained, tmp_path):
     (tmp_path / "c" / "config.json").write_text(json.dumps({**cfg, "method": "mtp"}))
     with pytest.raises(CheckpointMismatch, match="for method 'mtp', not 'eagle3'"):
         build_proposer("eagle3", {"checkpoint": str(tmp_path / "c")}, TargetModel(trained["model"]))
-
-
-def test_training_resumes_from_the_last_saved_step(trained, tmp_path, monkeypatch):
-    """Interrupted after its first save, the rerun continues there and ends with the weights of
-    an uninterrupted run."""
-    from specdec.train import loop
-
-    args = (str(trained["hidden"]), str(trained["target_dir"]))
-    settings = {"train": {**FAST, "steps": 12, "save_every": 6},
-                "eagle3": {"taps": TAPS, "ttt_steps": 2, "draft_vocab_size": 40, "train_context": 6}}
-    real_train = loop.train
-
-    class Interrupt(Exception):
-        pass
-
-    def interrupted(module, loss_fn, *a, **kw):
-        def failing(m, step):
-            if step == 8:
-                raise Interrupt
-            return loss_fn(m, step)
-        return real_train(module, failing, *a, **kw)
-
-    monkeypatch.setattr(eagle3, "train", interrupted)
-    with pytest.raises(Interrupt):
-        eagle3.train_checkpoint(*args, str(tmp_path / "a"), settings, overlap=4)
-    assert (tmp_path / "a" / "resume.pt").exists() and not (tmp_path / "a" / "manifest.json").exists()
-    steps_seen = []
-
-    def counting(module, loss_fn, *a, **kw):
-        def count(m, step):
-            steps_seen.append(step)
-            return loss_fn(m, step)
-        return real_train(module, count, *a, **kw)
-
-    monkeypatch.setattr(eagle3, "train", counting)
-    eagle3.train_checkpoint(*args, str(tmp_path / "a"), settings, overlap=4)
-    assert steps_seen[0] == 6 and steps_seen[-1] == 11
-    monkeypatch.setattr(eagle3, "train", real_train)
-    eagle3.train_checkpoint(*args, str(tmp_path / "b"), settings, overlap=4)
-    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
-    assert all(torch.allclose(a[k].float(), b[k].float(), atol=1e-6) for k in a)

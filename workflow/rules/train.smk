@@ -7,7 +7,7 @@ rule hidden_states:
         target=TARGET,
         train="data/chat/train.jsonl",
         heldout=DATASET_FILES["chat_heldout"],
-        code=TRAIN_SOURCES,
+        code=HIDDEN_SOURCES,
     output:
         HIDDEN,
     params:

@@ -32,6 +32,7 @@ rule bench_vllm:
         target=TARGET,
         prompts=lambda wc: DATASET_FILES[wc.dataset],
         code=VLLM_SOURCES,
+        method_code=lambda wc: method_sources(wc.method),  # its vLLM mapping
         export=vllm_export,
     output:
         records="{root}/vllm/{mode}/{dataset}/{method}-{variant}.jsonl",

@@ -45,7 +45,7 @@ def peer_kwargs(method: str, params: dict, model=None) -> dict:
         if unknown or "checkpoint" not in params:
             raise ValueError(f"hf_assisted: needs checkpoint (a draft_model checkpoint), takes "
                              f"{sorted(ASSISTED_OPTIONS)}; got {sorted(params)}")
-        from ..train.draft_lm import load_draft_lm
+        from ..methods.draft_lm import load_draft_lm
         device = next(model.parameters()).device
         _, draft = load_draft_lm(params["checkpoint"], "draft_model", model.config, model.dtype, device)
         gen = draft.generation_config   # generate() reads the assistant's settings from here

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .. import methods
 from ..core.metrics import attach_baseline, environment, equality, make_record, summarize
 from ..core.stats import half_width, rounds_t_interval
 from ..data.records import read_prompts, write_json, write_jsonl
@@ -46,40 +47,6 @@ def preload_intel_openmp(argv: list[str]) -> None:
     # the other for the engine front end; two threads on the one bound core would oversubscribe it
     env = dict(os.environ, LD_PRELOAD=f"{lib}:{current}" if current else str(lib))
     os.execve(sys.executable, [sys.executable, "-m", "specdec", *argv], env)
-
-
-def speculative_config(method: str, params: dict, draft_dir: str | None = None) -> dict | None:
-    """Our method parameters -> vLLM's speculative_config (`draft_dir`: the draft LM's or
-    the EAGLE-3 drafter's export)."""
-    if method == "baseline":
-        return None
-    if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": params.get("draft_len", 5),
-                "prompt_lookup_min": params.get("prompt_lookup_min", 3),
-                "prompt_lookup_max": params.get("prompt_lookup_max", 8)}
-    if method == "suffix":
-        return {"method": "suffix", "num_speculative_tokens": params.get("draft_len", 8),
-                "suffix_decoding_max_tree_depth": params.get("max_tree_depth", 8),
-                "suffix_decoding_max_spec_factor": params.get("max_spec_factor", 1.0),
-                "suffix_decoding_min_token_prob": params.get("min_token_prob", 0.0),
-                "suffix_decoding_max_cached_requests": params.get("max_cached_requests", 1000)}
-    if method == "mtp":
-        # the model is the MiMo export (target + MTP layers); vLLM runs its MTP layer 0 per step
-        return {"method": "mtp", "num_speculative_tokens": params.get("num_speculative_steps") or 1}
-    if method == "eagle3":
-        if draft_dir is None:
-            raise ValueError("eagle3: vLLM needs the drafter's export directory (--draft-model)")
-        if params.get("tree_topk", 1) != 1:
-            raise ValueError("eagle3: the vLLM rows run chain mode (tree_topk 1); vLLM's tree drafting is not used")
-        return {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": params.get("draft_len", 2)}
-    if method in ("draft_model", "pard"):
-        if draft_dir is None:
-            raise ValueError(f"{method}: vLLM needs the draft's export directory (--draft-model)")
-        spec = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": params.get("draft_len", 3)}
-        if method == "pard":
-            spec["parallel_drafting"] = True   # k drafts from one forward with pard_token masks
-        return spec
-    raise ValueError(f"no vLLM mapping for method {method!r}")
 
 
 def spec_counters(llm) -> dict:
@@ -139,12 +106,12 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
         raise ValueError(f"vLLM mode must be serial or batched, got {mode!r}")
     if method == "baseline":
         raise ValueError("the baseline engine runs inside every method's job; benchmark a method")
+    spec = methods.vllm_config(method, params, draft_dir or model_dir)
     prompts = read_prompts(prompts_path, limit)
     label = method if variant is None else f"{method}/{variant}"
     fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens <= max_model_len]
     skipped = [{"id": p["id"], "prompt_tokens": len(p["prompt_ids"]), "context": max_model_len}
                for p in prompts if p not in fits]
-    spec = speculative_config(method, params, draft_dir)
     dt = dtype_record(dtype, "cuda" if _has_cuda() else "cpu")
     settings = {"backend": "vllm", "mode": mode, "method": method, "variant": variant, "params": params,
                 "speculative_config": spec, **dt, "max_num_seqs": max_num_seqs,
@@ -219,7 +186,7 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
         summary = summarize_batched(records["method"], records["baseline"], walls, settings, skipped)
     summary.update(acceptance_from_counters(counters["before"], counters["after"]))
     k = spec["num_speculative_tokens"]
-    summary["draft_shape"] = f"chain k={k}" if method != "suffix" else f"tree <={k} nodes"
+    summary["draft_shape"] = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
     write_jsonl(out_records, records["method"] + records["baseline"])
     write_json(out_summary, summary)
     return summary

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -95,9 +95,48 @@ def _argmax(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
+def _verify_step(target: TargetModel, pending: int, draft: Draft | None, taps):
+    """One target forward of the pending token and the draft (a plain greedy step without one).
+    Returns (emitted tokens: accepted drafts + the target's next token, accepted path length
+    including the pending token, hidden taps of the accepted path, draft depth)."""
+    if not draft:
+        # plain greedy step: the baseline's whole loop body
+        logits, hidden = target.forward([pending], None, taps)
+        target.commit(None)
+        return _argmax(logits), 1, hidden, 0
+    nodes = [pending] + draft.tokens
+    parents = [-1] + [p + 1 for p in draft.parents]
+    chain = is_chain(parents)
+    logits, hidden = target.forward(nodes, None if chain else parents, taps)
+    target_next = _argmax(logits)
+    if chain:
+        path, nxt = verify_chain(draft.tokens, target_next)
+    else:
+        path, nxt = verify_tree(nodes, parents, target_next)
+    target.commit(path)  # keep only the accepted path's KV
+    if hidden is not None:
+        index = torch.tensor(path)
+        hidden = {k: v[index] for k, v in hidden.items()}
+    depth = len(draft) if chain else max(depths(parents))
+    return [nodes[i] for i in path[1:]] + [nxt], len(path), hidden, depth
+
+
+def _stop(emitted: list[int], room: int, eos_ids: set[int]) -> list[int]:
+    """Cut a step's tokens where plain greedy decoding would stop: after `room` tokens
+    (max_new_tokens) or at the first EOS, inclusive."""
+    emitted = emitted[:room]
+    for j, tok in enumerate(emitted):
+        if tok in eos_ids:
+            return emitted[: j + 1]
+    return emitted
+
+
 @torch.inference_mode()
 def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
-           eos_ids: set[int], proposer: Proposer | None = None) -> DecodeResult:
+           eos_ids: set[int], proposer: Proposer | None = None,
+           on_tokens: Callable[[list[int]], None] | None = None) -> DecodeResult:
+    """Greedy decoding of up to max_new_tokens (stopping after an EOS), with `proposer`'s drafts
+    verified each step. `on_tokens` gets each step's new tokens as they are emitted (streaming)."""
     clock = time.perf_counter
     t0 = clock()
     taps = proposer.tap_layers if proposer is not None else ()
@@ -119,6 +158,8 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
         pending = _argmax(logits[-1])
         out.append(pending)
         res.ttft_s = clock() - t0
+        if on_tokens is not None:
+            on_tokens([pending])
     ids = list(prompt_ids) + out
     draft_s = 0.0
     if proposer is not None:
@@ -136,41 +177,19 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
             draft_s += clock() - t
             if draft:
                 draft = draft.prune(max_depth)
-        if not draft:
-            # plain greedy step: the baseline's whole loop body
-            logits, hidden = target.forward([pending], None, taps)
-            target.commit(None)
-            emitted, path_len = _argmax(logits), 1
-        else:
-            nodes = [pending] + draft.tokens
-            parents = [-1] + [p + 1 for p in draft.parents]
-            chain = is_chain(parents)
-            logits, hidden = target.forward(nodes, None if chain else parents, taps)
-            target_next = _argmax(logits)
-            if chain:
-                path, nxt = verify_chain(draft.tokens, target_next)
-            else:
-                path, nxt = verify_tree(nodes, parents, target_next)
-            target.commit(path)  # keep only the accepted path's KV
-            emitted, path_len = [nodes[i] for i in path[1:]] + [nxt], len(path)
-            if hidden is not None:
-                index = torch.tensor(path)
-                hidden = {k: v[index] for k, v in hidden.items()}
-        # stop at EOS / max_new_tokens exactly where plain greedy decoding would
-        emitted = emitted[: max_new_tokens - len(out)]
-        for j, tok in enumerate(emitted):
-            if tok in eos_ids:
-                emitted = emitted[: j + 1]
-                break
+        emitted, path_len, hidden, depth = _verify_step(target, pending, draft, taps)
+        emitted = _stop(emitted, max_new_tokens - len(out), eos_ids)
         res.drafted.append(len(draft) if draft else 0)
-        res.depth.append((len(draft) if chain else max(depths(parents))) if draft else 0)
-        res.accepted.append(min(path_len - 1, len(emitted)) if draft else 0)
+        res.depth.append(depth)
+        res.accepted.append(min(path_len - 1, len(emitted)))
         out.extend(emitted)
         ids.extend(emitted)
         pending = emitted[-1]
         if res.ttft_s is None:
             res.ttft_s = clock() - t0
             draft_s = 0.0   # the fused first step's drafting is part of the time to first token
+        if on_tokens is not None:
+            on_tokens(emitted)
         if proposer is not None:
             t = clock()
             proposer.observe(StepResult(emitted[:-1] if draft else [], pending, hidden))

@@ -1,8 +1,29 @@
-"""Method registry: name -> module. Each module owns everything about its method and exposes
-`build(params: dict, target) -> Proposer`; a learned method also `train_checkpoint(...)`. The core never imports from here."""
+"""The method registry: name -> module. A method's module is the one place that defines it:
+
+    NAME            its registry name
+    PARAMS          the dataclass of a variant's parameters (config.yaml methods.<name>.variants)
+    build(params, target) -> Proposer
+    EXAMPLE         {"params": a small variant, "train": (learned) its training settings,
+                    "vllm_params": (optional) the variant vLLM serves}: the contract tests' and
+                    the docs' example
+  learned methods, trained by train/driver.py:
+    TRAIN_SETTINGS  settings section -> dataclass (besides "train", the shared loop's)
+    hidden_taps(config, settings), setup(target, data, settings, tcfg, device) -> Trainee
+    load_module(checkpoint, target_model)    the trained module, as inference loads it
+  served by vLLM:
+    VLLM            a VllmServing: whether vLLM loads an export, and how
+    vllm_config(params, export_dir) -> vLLM's speculative_config
+    export_vllm(ckpt_dir, target_dir, out_dir), when VLLM.export is set
+
+The core never imports from here; the backends, the CLI and the workflow (common.smk) read it.
+Hugging Face `generate` peers (backends/hf_generate.py) are listed in PEERS.
+"""
 from __future__ import annotations
 
+import ast
+import dataclasses
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
 
 METHODS = {
@@ -14,39 +35,152 @@ METHODS = {
     "pard": "specdec.methods.pard",
     "eagle3": "specdec.methods.eagle3",
 }
+# Hugging Face peers -> the method whose checkpoints they load (None: no checkpoint)
+PEERS = {"hf_generate": None, "hf_prompt_lookup": None, "hf_assisted": "draft_model"}
+
+HERE = Path(__file__).parent
+SRC = HERE.parent
 
 
-def method_module(name: str, needs: str):
-    """The method's module, which must define `needs` (build, train_checkpoint, export_vllm)."""
+@dataclass(frozen=True)
+class VllmServing:
+    """How vLLM serves a method. export: None (vLLM needs no file of ours), "model" (the export
+    replaces the target as the served model: MTP) or "draft" (the export is the drafter)."""
+    export: str | None = None
+    tree: bool = False   # vLLM drafts a tree of up to num_speculative_tokens nodes, not a chain
+
+    @property
+    def flag(self) -> str | None:
+        """The bench-vllm option that passes the export."""
+        return {None: None, "model": "--model", "draft": "--draft-model"}[self.export]
+
+
+def names() -> list[str]:
+    return list(METHODS)
+
+
+def module(name: str):
     if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
-    module = importlib.import_module(METHODS[name])
-    if not hasattr(module, needs):
-        raise ValueError(f"method {name!r} has no {needs}")
-    return module
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    return importlib.import_module(METHODS[name])
+
+
+def is_learned(name: str) -> bool:
+    return hasattr(module(name), "setup")
+
+
+def vllm_serving(name: str) -> VllmServing | None:
+    """None: vLLM has no counterpart of this method."""
+    return getattr(module(name), "VLLM", None)
+
+
+def _check_fields(cls, values: dict, where: str) -> None:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"{where}: unknown {', '.join(unknown)}; {cls.__name__} takes {', '.join(fields)}")
+    missing = [n for n, f in fields.items() if n not in values
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)} ({cls.__name__})")
+
+
+def check_params(name: str, params: dict, where: str = "params") -> None:
+    """A variant's parameters against the method's PARAMS dataclass (names and required fields)."""
+    if name in PEERS:
+        return   # a peer checks its keywords itself (backends/hf_generate.py peer_kwargs)
+    _check_fields(module(name).PARAMS, params, where)
+
+
+def check_train_settings(name: str, settings: dict, where: str = "settings") -> None:
+    from ..train.loop import TrainConfig
+    if not is_learned(name):
+        raise ValueError(f"{where}: method {name!r} is not trained")
+    sections = {"train": TrainConfig, **module(name).TRAIN_SETTINGS}
+    unknown = sorted(set(settings) - set(sections))
+    if unknown:
+        raise ValueError(f"{where}: unknown section {', '.join(unknown)}; {name} takes {', '.join(sections)}")
+    for key, cls in sections.items():
+        _check_fields(cls, settings.get(key, {}), f"{where}.{key}")
 
 
 def build_proposer(name: str, params: dict, target=None):
-    module = method_module(name, "build")
-    try:
-        return module.build(dict(params), target)
-    except TypeError as e:  # unknown/missing keyword in the method's config dataclass
-        raise ValueError(f"method {name!r}: bad parameters {params}: {e}") from None
+    check_params(name, params, f"method {name!r}")
+    return module(name).build(dict(params), target)
 
 
-def train_checkpoint(name: str, **kwargs) -> dict:
-    """Train a learned method's checkpoint (its module's `train_checkpoint`); returns its eval proxy."""
-    return method_module(name, "train_checkpoint").train_checkpoint(**kwargs)
+def train_checkpoint(name: str, hidden_path: str, target_dir: str, out_dir: str, settings: dict,
+                     overlap: int, device: str = "cpu") -> dict:
+    """Train a learned method's checkpoint with the shared driver (train/driver.py); returns its
+    eval proxy. `overlap`: the first N training records form the train-overlap eval slice."""
+    from ..train.driver import train_checkpoint as run
+    check_train_settings(name, settings)
+    return run(module(name), hidden_path=hidden_path, target_dir=target_dir, out_dir=out_dir,
+               settings=settings, overlap=overlap, device=device)
+
+
+def vllm_config(name: str, params: dict, export_dir: str | None = None) -> dict:
+    """The method's parameters -> vLLM's speculative_config."""
+    serving = vllm_serving(name)
+    if serving is None:
+        raise ValueError(f"method {name!r} has no vLLM counterpart")
+    if serving.export == "draft" and export_dir is None:
+        raise ValueError(f"{name}: vLLM needs the drafter's export directory (--draft-model)")
+    check_params(name, params, f"method {name!r}")
+    m = module(name)
+    return m.vllm_config(m.PARAMS(**params), export_dir)
 
 
 def export_vllm(name: str, **kwargs) -> None:
-    """Write a learned method's checkpoint in the layout vLLM loads (its module's `export_vllm`)."""
-    method_module(name, "export_vllm").export_vllm(**kwargs)
+    """Write a learned method's checkpoint in the layout vLLM loads."""
+    serving = vllm_serving(name)
+    if serving is None or serving.export is None:
+        raise ValueError(f"method {name!r} has no vLLM export")
+    module(name).export_vllm(**kwargs)
 
 
-def source_files(name: str) -> list[Path]:
-    """The files a method's benchmark depends on (its module or package)."""
-    here = Path(__file__).parent
-    rel = METHODS[name].split(".")[-1]
-    pkg = here / rel
-    return sorted(pkg.rglob("*.py")) if pkg.is_dir() else [here / f"{rel}.py"]
+def checkpoint_owner(name: str) -> str:
+    """The method whose checkpoints `name` loads (a peer may load another method's)."""
+    return PEERS.get(name) or name
+
+
+def _local_imports(path: Path) -> list[Path]:
+    """Sibling modules of the methods package that `path` imports (`from .x import ...`)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            dep = HERE / f"{node.module}.py"
+            if dep.is_file():
+                out.append(dep)
+    return out
+
+
+def source_files(name: str) -> list[str]:
+    """The files a method's jobs depend on: its module, the sibling modules it imports (the draft
+    family's draft_lm.py), and for a peer its backend plus its checkpoint owner's files."""
+    if name in PEERS:
+        owner = PEERS[name]
+        return sorted({str(SRC / "backends" / "hf_generate.py"), *(source_files(owner) if owner else [])})
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join([*METHODS, *PEERS])}")
+    todo, seen = [HERE / f"{METHODS[name].rsplit('.', 1)[1]}.py"], set()
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo += _local_imports(path)
+    return sorted(str(p) for p in seen)
+
+
+def check_config(config: dict) -> None:
+    """What config.yaml says about methods, against the registry, before any job runs: every
+    variant's parameters, every checkpoint's training settings, every vLLM entry."""
+    for name, spec in config["methods"].items():
+        if name not in METHODS and name not in PEERS:
+            raise ValueError(f"config: methods.{name}: unknown method; known: {', '.join([*METHODS, *PEERS])}")
+        for variant, params in spec["variants"].items():
+            params = {k: v for k, v in params.items() if k not in ("datasets", "dtypes")}
+            check_params(name, params, f"config: methods.{name}.variants.{variant}")
+    for name, checkpoints in config.get("train", {}).get("checkpoints", {}).items():
+        for ckpt, settings in checkpoints.items():
+            check_train_settings(name, settings, f"config: train.checkpoints.{name}.{ckpt}")

@@ -1,4 +1,4 @@
-"""Standard speculative decoding with a standalone draft LM (train/draft_lm.py builds and trains it).
+"""Standard speculative decoding with a standalone draft LM (draft_lm.py builds and trains it).
 
 Each step the draft decodes `draft_len` tokens greedily with its own KV cache, and the target
 verifies the chain in one forward. The draft cache is kept equal to the verified sequence: after
@@ -17,22 +17,45 @@ from dataclasses import dataclass
 import torch
 
 from ..core.loop import Draft, StepResult, draft_limit
-from ..train.draft_lm import causal_batch, export_hf_draft, open_draft, train_draft_lm
+from . import VllmServing
+from .draft_lm import DraftLMConfig, causal_batch, draft_trainee, export_hf_draft, load_draft_lm, open_draft
 
-METHOD = "draft_model"
+NAME = "draft_model"
 
 
-def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int,
-                     device: str = "cpu") -> dict:
-    pad = 0  # padding is never visible to real tokens (right padding, causal or PARD masks)
-    return train_draft_lm(METHOD, hidden_path=hidden_path, target_dir=target_dir, out_dir=out_dir,
-                          settings=settings, overlap=overlap, device=device,
-                          make_batch=lambda seqs, step: causal_batch(seqs, pad), max_pos=1, method_config={})
+# ---- training -----------------------------------------------------------------------------------
+TRAIN_SETTINGS = {"draft": DraftLMConfig}
+
+
+def hidden_taps(config, settings: dict) -> list[int]:
+    return []   # the draft trains on token ids only
+
+
+def setup(target, data, settings: dict, tcfg, device: str):
+    pad = 0  # right padding is never visible to real tokens under a causal mask
+    return draft_trainee(NAME, target, data, settings, tcfg, device,
+                         make_batch=lambda seqs, step: causal_batch(seqs, pad), max_pos=1, method_config={})
+
+
+def load_module(ckpt_dir: str, target_model):
+    return load_draft_lm(ckpt_dir, NAME, target_model.config)[1]
+
+
+# ---- vLLM ---------------------------------------------------------------------------------------
+VLLM = VllmServing(export="draft")
+
+
+def vllm_config(p: "DraftModelConfig", export_dir: str) -> dict:
+    # vLLM's drafter stops at num_speculative_tokens; it has no confidence threshold
+    return {"method": "draft_model", "model": str(export_dir), "num_speculative_tokens": p.draft_len}
 
 
 def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     """vLLM's draft_model method loads the standalone Hugging Face draft as it is."""
-    export_hf_draft(ckpt_dir, METHOD, target_dir, out_dir)
+    export_hf_draft(ckpt_dir, NAME, target_dir, out_dir)
+
+
+# ---- inference ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -50,7 +73,7 @@ class DraftModelProposer:
 
     def __init__(self, cfg: DraftModelConfig, target):
         self.cfg = cfg
-        self.meta, self.draft = open_draft(cfg.checkpoint, METHOD, target, cfg.draft_len)
+        self.meta, self.draft = open_draft(cfg.checkpoint, NAME, target, cfg.draft_len)
         stop = f", stop below p={cfg.confidence_threshold}" if cfg.confidence_threshold else ""
         self.draft_shape = (f"chain k<={cfg.draft_len}{stop}, "
                             f"draft LM of {self.draft.num_layers} layers")
@@ -82,6 +105,11 @@ class DraftModelProposer:
         # are on the accepted path: the first min(accepted, draft_len - 1) draft tokens
         keep = self._fed + min(len(step.accepted), self._drafted - 1)
         self.draft.truncate(min(keep, self.draft.cached))
+
+
+PARAMS = DraftModelConfig
+EXAMPLE = {"params": {"draft_len": 3},
+           "train": {"train": {"steps": 6, "batch_size": 4, "save_every": 3}, "draft": {"num_layers": 1}}}
 
 
 def build(params: dict, target) -> DraftModelProposer:

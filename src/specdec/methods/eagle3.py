@@ -30,15 +30,15 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
+from . import VllmServing
 from ..core.loop import Draft, StepResult, draft_limit
 from ..core.target import new_cache, one_layer_config
 from ..core.tree import ancestor_matrix, tree_attention_inputs
+from ..train.driver import frozen_target
 from ..train.checkpoint import load_proposer, save_trained, write_model_dir
-from ..train.hidden import HiddenStates
-from ..train.loop import TrainConfig, fingerprint, train
 from ..train.vocab import coverage, frequent_tokens
 
-METHOD = "eagle3"
+NAME = "eagle3"
 
 
 def default_taps(num_layers: int) -> list[int]:
@@ -194,70 +194,66 @@ def expected_chain_acceptance(acc: list[float]) -> list[float]:
     return out
 
 
-def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int,
-                     device: str = "cpu") -> dict:
-    from ..models import load_causal_lm
-    tcfg = TrainConfig(**settings.get("train", {}))
+TRAIN_SETTINGS = {"eagle3": Eagle3TrainConfig}
+
+
+def hidden_taps(config, settings: dict) -> list[int]:
+    return list(settings.get("eagle3", {}).get("taps") or default_taps(config.num_hidden_layers))
+
+
+def setup(target, data, settings: dict, tcfg, device: str):
+    """Examples are sequences, unrolled for ttt_steps; the layer starts from the target's last."""
+    from ..train.driver import Trainee
     ecfg = Eagle3TrainConfig(**settings.get("eagle3", {}))
-    model = load_causal_lm(target_dir, tcfg.dtype, device)  # the frozen embedding and rotary embedding
-    for p in model.parameters():
-        p.requires_grad_(False)
-    hs = HiddenStates(hidden_path)
-    hs.check_target(model.config)
-    ecfg.taps = list(ecfg.taps or default_taps(model.config.num_hidden_layers))
+    ecfg.taps = hidden_taps(target.config, settings)
     if ecfg.ttt_steps < 1:
         raise ValueError(f"eagle3.ttt_steps must be >= 1, not {ecfg.ttt_steps}")
-    train_seqs, heldout_seqs = hs.split("train", ecfg.taps), hs.split("heldout", ecfg.taps)
+    dtype = getattr(torch, tcfg.dtype)
+    model = frozen_target(target, tcfg.dtype, device)   # the frozen embedding and rotary embedding
     V = model.config.vocab_size
-    vocab = torch.arange(V) if ecfg.draft_vocab_size in (None, V) else frequent_tokens(train_seqs, ecfg.draft_vocab_size, V)
+    vocab = torch.arange(V) if ecfg.draft_vocab_size in (None, V) else frequent_tokens(data.train, ecfg.draft_vocab_size, V)
     t2d = torch.full((V,), -1, dtype=torch.long)
     t2d[vocab] = torch.arange(len(vocab))
     t2d = t2d.to(device)
-    torch.manual_seed(tcfg.seed)  # initialisation is part of the run: a rerun starts identically
     drafter = Eagle3Drafter.for_target(model, ecfg.taps, vocab)
     drafter.init_from_target(model)
-    dtype = getattr(torch, tcfg.dtype)
     drafter.to(device, dtype)
-
-    gen = torch.Generator().manual_seed(tcfg.seed)
-    order = torch.randperm(len(train_seqs), generator=gen).tolist()
 
     def batch_of(seqs):
         return ttt_batch(seqs, ecfg.taps, ecfg.train_context, dtype, device)
 
-    def loss_fn(module, step):
-        a = (step * tcfg.batch_size) % len(order)
-        batch = [train_seqs[i] for i in (order + order)[a:a + tcfg.batch_size]]
-        loss, accs = ttt_loss(ttt_unroll(module, model, batch_of(batch), ecfg.ttt_steps), t2d, ecfg.loss_decay)
-        return loss, {f"acc_step{s + 1}": acc for s, acc in enumerate(accs)}
+    def loss(module, idx, step):
+        outs = ttt_unroll(module, model, batch_of([data.train[i] for i in idx]), ecfg.ttt_steps)
+        value, accs = ttt_loss(outs, t2d, ecfg.loss_decay)
+        return value, {f"acc_step{s + 1}": acc for s, acc in enumerate(accs)}
 
-    run_id = fingerprint(asdict(tcfg), asdict(ecfg), hs.meta, len(train_seqs))
-    vocab_info = {"size": len(vocab), "train_label_coverage": coverage(train_seqs, vocab, V),
-                  "heldout_label_coverage": coverage(heldout_seqs, vocab, V)}
-    print(f"eagle3: taps {ecfg.taps}, ttt_steps {ecfg.ttt_steps}, {len(train_seqs)} sequences, "
-          f"{tcfg.steps} steps of {tcfg.batch_size}; draft vocabulary {vocab_info}")
-    log = train(drafter, loss_fn, tcfg, out_dir, run_id, desc=f"eagle3 ttt{ecfg.ttt_steps}")
-
-    eval_proxy = {}
-    with torch.no_grad():
-        for name, seqs in (("overlap", train_seqs[:overlap]), ("heldout", heldout_seqs)):
-            hits = torch.zeros(ecfg.ttt_steps)
-            count = torch.zeros(ecfg.ttt_steps)
+    def evaluate(module):   # top-1 accuracy per unrolled step, and the chain it implies
+        proxy = {}
+        for name, seqs in data.eval_splits().items():
+            hits, count = torch.zeros(ecfg.ttt_steps), torch.zeros(ecfg.ttt_steps)
             for a in range(0, len(seqs), tcfg.batch_size):
-                outs = ttt_unroll(drafter, model, batch_of(seqs[a:a + tcfg.batch_size]), ecfg.ttt_steps)
+                outs = ttt_unroll(module, model, batch_of(seqs[a:a + tcfg.batch_size]), ecfg.ttt_steps)
                 for s, (logits, labels) in enumerate(outs):
                     hits[s] += (vocab.to(device)[logits.argmax(-1)] == labels).sum().item()
                     count[s] += len(labels)
             acc = (hits / count.clamp(min=1)).tolist()
-            eval_proxy[name] = {"accuracy_per_step": acc, "expected_accepted_chain": expected_chain_acceptance(acc)}
-    save_trained(out_dir, METHOD, asdict(ecfg),
-                 {k: v if k == "draft_vocab" else v.float() for k, v in drafter.state_dict().items()},
-                 model.config, asdict(tcfg), log, eval_proxy, extra={"draft_vocab": vocab_info})
-    return eval_proxy
+            proxy[name] = {"accuracy_per_step": acc, "expected_accepted_chain": expected_chain_acceptance(acc)}
+        return proxy
+
+    vocab_info = {"size": len(vocab), "train_label_coverage": coverage(data.train, vocab, V),
+                  "heldout_label_coverage": coverage(data.heldout, vocab, V)}
+
+    def save(out_dir, train_config, log, eval_proxy):
+        state = {k: v if k == "draft_vocab" else v.float() for k, v in drafter.state_dict().items()}
+        save_trained(out_dir, NAME, asdict(ecfg), state, model.config, train_config, log, eval_proxy,
+                     extra={"draft_vocab": vocab_info})
+
+    return Trainee(drafter, len(data.train), loss, evaluate, save, asdict(ecfg),
+                   f"taps {ecfg.taps}, ttt_steps {ecfg.ttt_steps}, draft vocabulary {vocab_info}")
 
 
-def load_drafter(ckpt_dir: str, model) -> Eagle3Drafter:
-    meta, state = load_proposer(ckpt_dir, METHOD, model.config)
+def load_module(ckpt_dir: str, model) -> Eagle3Drafter:
+    meta, state = load_proposer(ckpt_dir, NAME, model.config)
     drafter = Eagle3Drafter.for_target(model, meta["config"]["taps"], state["draft_vocab"])
     drafter.load_state_dict(state)
     return drafter
@@ -281,7 +277,7 @@ class Eagle3Proposer:
         self.cfg = cfg
         self.nodes = cfg.max_tree_nodes or (cfg.draft_len if cfg.tree_topk == 1 else cfg.tree_topk * cfg.draft_len)
         model = target.model
-        self.drafter = load_drafter(cfg.checkpoint, model).to(target.device, target.dtype).eval()
+        self.drafter = load_module(cfg.checkpoint, model).to(target.device, target.dtype).eval()
         self.tap_layers = tuple(self.drafter.taps)
         self.embed, self.rotary = model.model.embed_tokens, model.model.rotary_emb
         self.dtype, self.device = target.dtype, target.device
@@ -358,11 +354,27 @@ class Eagle3Proposer:
         return Draft([tok[i] for i in chosen], [-1 if parent[i] < 0 else index[parent[i]] for i in chosen])
 
 
+PARAMS = Eagle3Config
+EXAMPLE = {"params": {"draft_len": 3, "tree_topk": 2, "max_tree_nodes": 5},
+           "vllm_params": {"draft_len": 2},   # vLLM serves the chain
+           "train": {"train": {"steps": 6, "batch_size": 4, "save_every": 3},
+                     "eagle3": {"taps": [1, 2, 3], "ttt_steps": 2, "draft_vocab_size": 48}}}
+
+
 def build(params: dict, target) -> Eagle3Proposer:
     return Eagle3Proposer(Eagle3Config(**params), target)
 
 
-# ---- vLLM export ------------------------------------------------------------------------------
+# ---- vLLM ---------------------------------------------------------------------------------------
+VLLM = VllmServing(export="draft")
+
+
+def vllm_config(p: Eagle3Config, export_dir: str) -> dict:
+    if p.tree_topk != 1:
+        raise ValueError("eagle3: the vLLM rows run chain mode (tree_topk 1); vLLM's tree drafting is not used")
+    return {"method": "eagle3", "model": str(export_dir), "num_speculative_tokens": p.draft_len}
+
+
 def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     """Write vLLM's LlamaForCausalLMEagle3 draft directory (vllm/model_executor/models/
     llama_eagle3.py): weights `fc`, `midlayer.*`, `norm`, `lm_head` as trained, `d2t` offsets
@@ -372,7 +384,7 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     from transformers import AutoConfig, LlamaConfig
 
     tcfg = AutoConfig.from_pretrained(target_dir)
-    meta, state = load_proposer(ckpt_dir, METHOD, tcfg)
+    meta, state = load_proposer(ckpt_dir, NAME, tcfg)
     dtype = getattr(tcfg, "dtype", None) or torch.float32
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     vocab = state.pop("draft_vocab")
@@ -396,5 +408,5 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
                   eagle_config={"eagle_aux_hidden_state_layer_ids": taps, "use_aux_hidden_state": True},
                   dtype=str(dtype).removeprefix("torch."))
     write_model_dir(out_dir, weights, config,
-                    {"method": METHOD, "export": "vllm LlamaForCausalLMEagle3", "checkpoint": str(ckpt_dir),
+                    {"method": NAME, "export": "vllm LlamaForCausalLMEagle3", "checkpoint": str(ckpt_dir),
                      "target": str(target_dir), "taps": taps})

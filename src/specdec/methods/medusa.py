@@ -29,11 +29,9 @@ from torch import nn
 
 from ..core.loop import Draft, StepResult
 from ..train.checkpoint import load_proposer, save_trained
-from ..train.hidden import HiddenStates
-from ..train.loop import TrainConfig, fingerprint, train
 from ..train.vocab import coverage, frequent_tokens, target_to_draft
 
-METHOD = "medusa"
+NAME = "medusa"
 
 
 @dataclass
@@ -127,72 +125,69 @@ def rank_accuracy(heads: MedusaHeads, x: torch.Tensor, y: torch.Tensor, max_rank
     return (hits / count.clamp(min=1)[:, None]).tolist()
 
 
-def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int,
-                     device: str = "cpu") -> dict:
-    from ..models import load_causal_lm
-    tcfg = TrainConfig(**settings.get("train", {}))
+TRAIN_SETTINGS = {"medusa": MedusaTrainConfig}
+
+
+def hidden_taps(config, settings: dict) -> list[int]:
+    return [config.num_hidden_layers]   # the last layer's state (post-norm in the heads)
+
+
+def setup(target, data, settings: dict, tcfg, device: str):
+    """Examples are positions: (post-norm state, the K labels ahead); the heads start as copies
+    of the target's LM head."""
+    from ..train.driver import Trainee
     mcfg = MedusaTrainConfig(**settings.get("medusa", {}))
-    target = load_causal_lm(target_dir, "float32")
-    hs = HiddenStates(hidden_path)
-    hs.check_target(target.config)
-    tap = target.config.num_hidden_layers
-    norm = target.model.norm
-    train_seqs, heldout_seqs = hs.split("train", [tap]), hs.split("heldout", [tap])
     if mcfg.calibration not in ("train", "overlap", "heldout"):
         raise ValueError(f"medusa.calibration must be train, overlap or heldout, not {mcfg.calibration!r}")
-    V = target.config.vocab_size
-    vocab = None if mcfg.draft_vocab_size is None else frequent_tokens(train_seqs, mcfg.draft_vocab_size, V)
+    tap, norm, V = target.config.num_hidden_layers, target.model.norm, target.config.vocab_size
+    vocab = None if mcfg.draft_vocab_size is None else frequent_tokens(data.train, mcfg.draft_vocab_size, V)
     t2d = torch.arange(V) if vocab is None else target_to_draft(vocab, V)
+    dtype = getattr(torch, tcfg.dtype)
 
     def examples(seqs):  # labels as draft indices (-1: not in the draft vocabulary)
         ex, ey = head_examples(seqs, tap, norm, mcfg.num_heads)
-        return ex, torch.where(ey >= 0, t2d[ey.clamp(min=0)], ey)
+        return ex.to(device, dtype), torch.where(ey >= 0, t2d[ey.clamp(min=0)], ey).to(device)
 
-    x, y = examples(train_seqs)
-    torch.manual_seed(tcfg.seed)
+    x, y = examples(data.train)
     heads = MedusaHeads(mcfg.num_heads, target.config.hidden_size, V, vocab)
     heads.init_from_target(target.lm_head.weight.detach())
     if not mcfg.train_lm_head:
         for head in heads.lm_heads:
             head.weight.requires_grad_(False)
-    gen = torch.Generator().manual_seed(tcfg.seed)
-    order = torch.randperm(len(x), generator=gen)
-
-    dtype = getattr(torch, tcfg.dtype)
     heads.to(device, dtype)
-    x, y = x.to(device, dtype), y.to(device)
 
-    def loss_fn(module, step):
-        # epochs of shuffled positions
-        a = (step * tcfg.batch_size) % len(x)
-        idx = order[a:a + tcfg.batch_size]
-        loss, accs = medusa_loss(module(x[idx]).float(), y[idx], mcfg.loss_decay)
-        return loss, {f"acc_head{k + 1}": acc for k, acc in enumerate(accs)}
+    def loss(module, idx, step):
+        value, accs = medusa_loss(module(x[idx]).float(), y[idx], mcfg.loss_decay)
+        return value, {f"acc_head{k + 1}": acc for k, acc in enumerate(accs)}
 
-    run_id = fingerprint(asdict(tcfg), asdict(mcfg), hs.meta, len(x))
-    print(f"medusa: {mcfg.num_heads} heads, {len(x)} training positions, {tcfg.steps} steps of {tcfg.batch_size}")
-    vocab_info = None
-    if vocab is not None:
-        vocab_info = {"size": len(vocab), "train_label_coverage": coverage(train_seqs, vocab, V),
-                      "heldout_label_coverage": coverage(heldout_seqs, vocab, V)}
-        print(f"medusa: draft vocabulary {vocab_info}")
-    log = train(heads, loss_fn, tcfg, out_dir, run_id, desc="medusa")
-
-    # eval proxy: per-rank accuracy on the train-overlap slice and the held-out split
-    evals = {"overlap": train_seqs[:overlap], "heldout": heldout_seqs}
-    if mcfg.calibration == "train":
-        evals["train"] = train_seqs
+    splits = data.eval_splits() | ({"train": data.train} if mcfg.calibration == "train" else {})
     rank_acc = {}
-    for name, seqs in evals.items():
-        ex, ey = examples(seqs)
-        rank_acc[name] = rank_accuracy(heads, ex.to(device, dtype), ey.to(device), mcfg.max_rank)
-    eval_proxy = {name: {"top1_accuracy_per_head": [r[0] for r in acc],
-                         "top5_accuracy_per_head": [sum(r[:5]) for r in acc]} for name, acc in rank_acc.items()}
-    save_trained(out_dir, METHOD, asdict(mcfg),
-                 {k: v if k == "draft_vocab" else v.float() for k, v in heads.state_dict().items()},
-                 target.config, asdict(tcfg), log, eval_proxy,
-                 extra={"rank_accuracy": rank_acc, "calibration": mcfg.calibration, "draft_vocab": vocab_info})
-    return eval_proxy
+
+    def evaluate(module):   # per-rank accuracy; the calibration split's shapes the tree
+        for name, seqs in splits.items():
+            rank_acc[name] = rank_accuracy(module, *examples(seqs), mcfg.max_rank)
+        return {name: {"top1_accuracy_per_head": [r[0] for r in acc],
+                       "top5_accuracy_per_head": [sum(r[:5]) for r in acc]} for name, acc in rank_acc.items()}
+
+    vocab_info = None if vocab is None else {
+        "size": len(vocab), "train_label_coverage": coverage(data.train, vocab, V),
+        "heldout_label_coverage": coverage(data.heldout, vocab, V)}
+
+    def save(out_dir, train_config, log, eval_proxy):
+        state = {k: v if k == "draft_vocab" else v.float() for k, v in heads.state_dict().items()}
+        save_trained(out_dir, NAME, asdict(mcfg), state, target.config, train_config, log, eval_proxy,
+                     extra={"rank_accuracy": rank_acc, "calibration": mcfg.calibration, "draft_vocab": vocab_info})
+
+    return Trainee(heads, len(x), loss, evaluate, save, asdict(mcfg),
+                   f"{mcfg.num_heads} heads, draft vocabulary {vocab_info or 'full'}")
+
+
+def load_module(ckpt_dir: str, model) -> MedusaHeads:
+    meta, state = load_proposer(ckpt_dir, NAME, model.config)
+    heads = MedusaHeads(meta["config"]["num_heads"], model.config.hidden_size, model.config.vocab_size,
+                        state.get("draft_vocab"))
+    heads.load_state_dict(state)
+    return heads
 
 
 # ---- the tree ---------------------------------------------------------------------------------
@@ -242,7 +237,7 @@ class MedusaProposer:
 
     def __init__(self, cfg: MedusaConfig, target):
         self.cfg = cfg
-        meta, state = load_proposer(cfg.checkpoint, METHOD, target.config)
+        meta, state = load_proposer(cfg.checkpoint, NAME, target.config)
         K = meta["config"]["num_heads"]
         dtype, device = target.dtype, target.device
         self.norm = target.model.model.norm
@@ -280,6 +275,13 @@ class MedusaProposer:
         picked = top[self._head, self._rank]                       # node -> its head's ranked token
         tokens = (picked if self.vocab is None else self.vocab[picked]).tolist()
         return Draft(tokens, self.parents)
+
+
+PARAMS = MedusaConfig
+EXAMPLE = {"params": {"draft_len": 3, "tree_topk": 2, "max_tree_nodes": 6},
+           "train": {"train": {"steps": 6, "batch_size": 16, "save_every": 3},
+                     "medusa": {"num_heads": 3, "draft_vocab_size": 48}}}
+# no VLLM yet: this checkpoint has no export to vLLM's Medusa layout
 
 
 def build(params: dict, target) -> MedusaProposer:

@@ -22,14 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import VllmServing
 from ..core.loop import Draft, StepResult
 from ..core.target import new_cache, one_layer_config
 from ..core.tree import tree_attention_inputs
+from ..train.driver import frozen_target
 from ..train.checkpoint import load_proposer, save_trained, write_model_dir
-from ..train.hidden import HiddenStates
-from ..train.loop import TrainConfig, fingerprint, train
 
-METHOD = "mtp"
+NAME = "mtp"
 
 
 class MTPLayer(nn.Module):
@@ -105,58 +105,54 @@ def mtp_forward_train(mtp: MTP, model, ids, h, label_ok):
     return out
 
 
-def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int,
-                     device: str = "cpu") -> dict:
-    from ..models import load_causal_lm
-    tcfg = TrainConfig(**settings.get("train", {}))
+TRAIN_SETTINGS = {"mtp": MTPTrainConfig}
+
+
+def hidden_taps(config, settings: dict) -> list[int]:
+    return [config.num_hidden_layers]   # g^0: the target's last (pre-norm) hidden state
+
+
+def setup(target, data, settings: dict, tcfg, device: str):
+    """Examples are sequences; the modules start from the target's last layer and final norm."""
+    from ..train.driver import Trainee
     mcfg = MTPTrainConfig(**settings.get("mtp", {}))
-    model = load_causal_lm(target_dir, tcfg.dtype, device)  # the frozen embedding / LM head, in the compute dtype
-    for p in model.parameters():
-        p.requires_grad_(False)
-    hs = HiddenStates(hidden_path)
-    hs.check_target(model.config)
+    dtype = getattr(torch, tcfg.dtype)
+    model = frozen_target(target, tcfg.dtype, device)   # the frozen embedding, rotary embedding and LM head
     tap = model.config.num_hidden_layers
-    train_seqs = hs.split("train", [tap])
-    torch.manual_seed(tcfg.seed)  # initialisation is part of the run: a rerun starts identically
     mtp = MTP.for_target(model, mcfg.num_modules)
     mtp.init_from_target(model)
-    dtype = getattr(torch, tcfg.dtype)
     mtp.to(device, dtype)
 
     def batch_of(seqs):
         return [t.to(device) for t in pad_batch(seqs, tap, dtype)]
-    gen = torch.Generator().manual_seed(tcfg.seed)
-    order = torch.randperm(len(train_seqs), generator=gen).tolist()
 
-    def loss_fn(module, step):
-        a = (step * tcfg.batch_size) % len(order)
-        batch = [train_seqs[i] for i in (order + order)[a:a + tcfg.batch_size]]
-        outs = mtp_forward_train(module, model, *batch_of(batch))
+    def loss(module, idx, step):
+        outs = mtp_forward_train(module, model, *batch_of([data.train[i] for i in idx]))
         losses = [F.cross_entropy(lg.float(), y) for lg, y in outs]
         metrics = {f"acc_module{k + 1}": (lg.argmax(-1) == y).float().mean().item()
                    for k, (lg, y) in enumerate(outs)}
         return sum(losses) / len(losses), metrics
 
-    run_id = fingerprint(asdict(tcfg), asdict(mcfg), hs.meta, len(train_seqs))
-    print(f"mtp: {mcfg.num_modules} module(s), {len(train_seqs)} sequences, {tcfg.steps} steps of {tcfg.batch_size}")
-    log = train(mtp, loss_fn, tcfg, out_dir, run_id, desc=f"mtp x{mcfg.num_modules}")
-
-    eval_proxy = {}
-    with torch.no_grad():
-        for name, seqs in (("overlap", train_seqs[:overlap]), ("heldout", hs.split("heldout", [tap]))):
-            hits = [[0, 0] for _ in mtp.layers]
+    def evaluate(module):   # teacher-forced top-1 accuracy per module
+        proxy = {}
+        for name, seqs in data.eval_splits().items():
+            hits = [[0, 0] for _ in module.layers]
             for a in range(0, len(seqs), tcfg.batch_size):
-                for k, (lg, y) in enumerate(mtp_forward_train(mtp, model, *batch_of(seqs[a:a + tcfg.batch_size]))):
+                for k, (lg, y) in enumerate(mtp_forward_train(module, model, *batch_of(seqs[a:a + tcfg.batch_size]))):
                     hits[k][0] += (lg.argmax(-1) == y).sum().item()
                     hits[k][1] += len(y)
-            eval_proxy[name] = {"accuracy_per_module": [h / max(1, c) for h, c in hits]}
-    save_trained(out_dir, METHOD, asdict(mcfg), {k: v.float() for k, v in mtp.state_dict().items()},
-                 model.config, asdict(tcfg), log, eval_proxy)
-    return eval_proxy
+            proxy[name] = {"accuracy_per_module": [h / max(1, c) for h, c in hits]}
+        return proxy
+
+    def save(out_dir, train_config, log, eval_proxy):
+        save_trained(out_dir, NAME, asdict(mcfg), {k: v.float() for k, v in mtp.state_dict().items()},
+                     model.config, train_config, log, eval_proxy)
+
+    return Trainee(mtp, len(data.train), loss, evaluate, save, asdict(mcfg), f"{mcfg.num_modules} module(s)")
 
 
-def load_mtp(ckpt_dir: str, model) -> MTP:
-    meta, state = load_proposer(ckpt_dir, METHOD, model.config)
+def load_module(ckpt_dir: str, model) -> MTP:
+    meta, state = load_proposer(ckpt_dir, NAME, model.config)
     mtp = MTP.for_target(model, meta["config"]["num_modules"])
     mtp.load_state_dict(state)
     return mtp
@@ -174,7 +170,7 @@ class MTPProposer:
 
     def __init__(self, cfg: MTPConfig, target):
         model = target.model
-        self.mtp = load_mtp(cfg.checkpoint, model).to(target.device, target.dtype).eval()
+        self.mtp = load_module(cfg.checkpoint, model).to(target.device, target.dtype).eval()
         K = len(self.mtp.layers)
         self.steps = cfg.num_speculative_steps or K
         if not 1 <= self.steps <= K:
@@ -223,11 +219,24 @@ class MTPProposer:
         return Draft.chain(seq[n:])
 
 
+PARAMS = MTPConfig
+EXAMPLE = {"params": {},
+           "train": {"train": {"steps": 6, "batch_size": 4, "save_every": 3}, "mtp": {"num_modules": 2}}}
+
+
 def build(params: dict, target) -> MTPProposer:
     return MTPProposer(MTPConfig(**params), target)
 
 
-# ---- vLLM export ------------------------------------------------------------------------------
+# ---- vLLM ---------------------------------------------------------------------------------------
+VLLM = VllmServing(export="model")
+
+
+def vllm_config(p: MTPConfig, export_dir: str | None) -> dict:
+    # the served model is the MiMo export (target + MTP layers); vLLM runs its MTP layer 0 per step
+    return {"method": "mtp", "num_speculative_tokens": p.num_speculative_steps or 1}
+
+
 def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     """Write vLLM's MiMo MTP layout (vllm/model_executor/models/mimo_mtp.py): the target
     re-expressed as Qwen2 (a Llama target gets zero q/k/v biases, which changes nothing), an
@@ -248,7 +257,7 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     if tcfg.model_type == "llama" and (getattr(tcfg, "mlp_bias", False)
                                        or head_dim * tcfg.num_attention_heads != tcfg.hidden_size):
         raise ValueError(f"{target_dir}: this Llama (mlp_bias or head_dim != hidden/heads) has no Qwen2 equivalent")
-    meta, state = load_proposer(ckpt_dir, METHOD, tcfg)
+    meta, state = load_proposer(ckpt_dir, NAME, tcfg)
     K = meta["config"]["num_modules"]
     weights = {}
     for shard in sorted(glob.glob(str(Path(target_dir) / "*.safetensors"))):
@@ -282,7 +291,7 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     config.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=K, dtype=str(dtype).removeprefix("torch."))
 
     write_model_dir(out_dir, weights, config,
-                    {"method": METHOD, "export": "vllm MiMoForCausalLM", "checkpoint": str(ckpt_dir),
+                    {"method": NAME, "export": "vllm MiMoForCausalLM", "checkpoint": str(ckpt_dir),
                      "target": str(target_dir), "num_nextn_predict_layers": K},
                     copy_from=target_dir,
                     copy_names=("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",

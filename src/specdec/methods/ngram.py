@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import VllmServing
 from ..core.loop import Draft, StepResult, draft_limit
 
 
@@ -59,6 +60,17 @@ class NgramProposer:
 
     def observe(self, step: StepResult) -> None:
         pass
+
+
+NAME = "ngram"
+PARAMS = NgramConfig
+EXAMPLE = {"params": {"draft_len": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}}
+VLLM = VllmServing()
+
+
+def vllm_config(p: NgramConfig, export_dir=None) -> dict:
+    return {"method": "ngram", "num_speculative_tokens": p.draft_len,
+            "prompt_lookup_min": p.prompt_lookup_min, "prompt_lookup_max": p.prompt_lookup_max}
 
 
 def build(params: dict, target=None) -> NgramProposer:

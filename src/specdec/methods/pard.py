@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..core.loop import Draft, StepResult, draft_limit
-from ..train.draft_lm import IGNORE, DraftBatch, export_hf_draft, open_draft, train_draft_lm
+from . import VllmServing
+from .draft_lm import IGNORE, DraftBatch, DraftLMConfig, draft_trainee, export_hf_draft, load_draft_lm, open_draft
 
-METHOD = "pard"
+NAME = "pard"
 
 
 @dataclass
@@ -89,16 +90,21 @@ def pard_batch(seqs, cfg: PardTrainConfig, pad_id: int, gen: torch.Generator | N
     return DraftBatch(ids, pos, labels, allowed[:, None], lpos)
 
 
-def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: dict, overlap: int,
-                     device: str = "cpu") -> dict:
+TRAIN_SETTINGS = {"draft": DraftLMConfig, "pard": PardTrainConfig}
+
+
+def hidden_taps(config, settings: dict) -> list[int]:
+    return []   # the draft trains on token ids only
+
+
+def setup(target, data, settings: dict, tcfg, device: str):
     pcfg = PardTrainConfig(**settings.get("pard", {}))
     if pcfg.train_draft_len < 1 or not 0 < pcfg.cod_min_ratio <= pcfg.cod_ratio <= 1:
         raise ValueError(f"pard: need train_draft_len >= 1 and 0 < cod_min_ratio <= cod_ratio <= 1, got {pcfg}")
-    pad = 0  # padding is never visible to real tokens (right padding, causal or PARD masks)
-    seed = settings.get("train", {}).get("seed", 0)
+    pad = 0  # padding is never visible to real tokens (right padding, PARD masks)
 
-    def make_batch(seqs, step):
-        gen = None if step is None else torch.Generator().manual_seed(seed * 1_000_003 + step)
+    def make_batch(seqs, step):   # COD draws seeded by (seed, step): a resumed run redraws them
+        gen = None if step is None else torch.Generator().manual_seed(tcfg.seed * 1_000_003 + step)
         return pard_batch(seqs, pcfg, pad, gen)
 
     def prepare(draft, train_seqs):
@@ -111,15 +117,28 @@ def train_checkpoint(hidden_path: str, target_dir: str, out_dir: str, settings: 
 
     # the layout vLLM's parallel drafting reads from the draft's config.json
     extra = {"pard_token": pcfg.pard_token, "spd_type": "pard"}
-    return train_draft_lm(METHOD, hidden_path=hidden_path, target_dir=target_dir, out_dir=out_dir,
-                          settings=settings, overlap=overlap, device=device, make_batch=make_batch,
-                          max_pos=pcfg.train_draft_len, method_config={"pard": asdict(pcfg)},
-                          hf_config_extra=extra, prepare=prepare)
+    return draft_trainee(NAME, target, data, settings, tcfg, device, make_batch=make_batch,
+                         max_pos=pcfg.train_draft_len, method_config={"pard": asdict(pcfg)},
+                         hf_config_extra=extra, prepare=prepare)
+
+
+def load_module(ckpt_dir: str, target_model):
+    return load_draft_lm(ckpt_dir, NAME, target_model.config)[1]
+
+
+# ---- vLLM ---------------------------------------------------------------------------------------
+VLLM = VllmServing(export="draft")
+
+
+def vllm_config(p: "PardConfig", export_dir: str) -> dict:
+    # k drafts from one forward with pard_token masks
+    return {"method": "draft_model", "model": str(export_dir), "num_speculative_tokens": p.draft_len,
+            "parallel_drafting": True}
 
 
 def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
     """vLLM's parallel drafting loads the Hugging Face draft with `pard_token` in its config."""
-    export_hf_draft(ckpt_dir, METHOD, target_dir, out_dir, require=("pard_token",))
+    export_hf_draft(ckpt_dir, NAME, target_dir, out_dir, require=("pard_token",))
 
 
 @dataclass
@@ -134,7 +153,7 @@ class PardProposer:
 
     def __init__(self, cfg: PardConfig, target):
         self.cfg = cfg
-        self.meta, self.draft = open_draft(cfg.checkpoint, METHOD, target, cfg.draft_len)
+        self.meta, self.draft = open_draft(cfg.checkpoint, NAME, target, cfg.draft_len)
         self.pard_token = getattr(self.draft.config, "pard_token", None)
         if self.pard_token is None:
             raise ValueError(f"{cfg.checkpoint}/config.json: no pard_token")
@@ -154,6 +173,12 @@ class PardProposer:
 
     def observe(self, step: StepResult) -> None:
         pass  # the cache holds verified tokens only; propose() feeds what was accepted since
+
+
+PARAMS = PardConfig
+EXAMPLE = {"params": {"draft_len": 3},
+           "train": {"train": {"steps": 6, "batch_size": 4, "save_every": 3},
+                     "draft": {"num_layers": 1}, "pard": {"pard_token": 0, "train_draft_len": 3}}}
 
 
 def build(params: dict, target) -> PardProposer:

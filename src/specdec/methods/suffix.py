@@ -20,6 +20,7 @@ import os
 from collections import deque
 from dataclasses import dataclass
 
+from . import VllmServing
 from ..core.loop import Draft, StepResult
 
 
@@ -211,6 +212,21 @@ class SuffixProposer:
         self.local = None
         if self.cache is not None:
             self.cache.save()
+
+
+NAME = "suffix"
+PARAMS = SuffixConfig
+EXAMPLE = {"params": {"draft_len": 6, "max_tree_depth": 6}}
+VLLM = VllmServing(tree=True)
+
+
+def vllm_config(p: SuffixConfig, export_dir=None) -> dict:
+    # vLLM's suffix method runs Arctic Inference's suffix tree (the arctic-inference package)
+    return {"method": "suffix", "num_speculative_tokens": p.draft_len,
+            "suffix_decoding_max_tree_depth": p.max_tree_depth,
+            "suffix_decoding_max_spec_factor": p.max_spec_factor,
+            "suffix_decoding_min_token_prob": p.min_token_prob,
+            "suffix_decoding_max_cached_requests": p.max_cached_requests}
 
 
 def build(params: dict, target=None) -> SuffixProposer:

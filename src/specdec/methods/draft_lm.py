@@ -1,4 +1,5 @@
-"""Standalone draft language models (the draft-model and PARD methods): build, train, save, load.
+"""Standalone draft language models, shared by the draft-model and PARD methods: build, train,
+save, load, open for decoding, export for vLLM.
 
 A draft LM is an ordinary Hugging Face causal LM with the target's tokenizer and vocabulary size,
 saved as a standalone checkpoint that vLLM loads directly. For the embedded default no smaller
@@ -10,8 +11,8 @@ target's.
 
 Training is distillation on the target's greedy completions: the loss covers completion tokens
 only. A method supplies its objective as `make_batch(seqs, step) -> DraftBatch` (input ids,
-positions, an optional 4-D attention mask, labels); everything else (data, loop, resume, loss,
-eval proxy, checkpoint) is here.
+positions, an optional 4-D attention mask, labels); `draft_trainee` turns it into what the shared
+training driver (train/driver.py) runs.
 
 Checkpoint layout: the Hugging Face files (config.json, model.safetensors, tokenizer), plus
 `specdec.json` (method, settings, target signature, training log, eval proxy) and
@@ -30,9 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from ..data.records import write_json
-from .checkpoint import CheckpointMismatch, target_signature
-from .hidden import HiddenStates, Sequence
-from .loop import TrainConfig, finish, fingerprint, train
+from ..train.checkpoint import CheckpointMismatch, target_signature
+from ..train.hidden import Sequence
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
@@ -46,6 +46,8 @@ class DraftLMConfig:
     init_model_path: str | None = None     # start from this pretrained model instead of the target
     train_embeddings: bool = False         # embeddings / LM head stay the target's unless set
     train_context: int | None = None       # prompt tokens kept before the completion in training
+    init_checkpoint: str | None = None     # "method/name" of a configured checkpoint to start from;
+                                           # the workflow resolves it into init_model_path
 
 
 def default_init_layers(target_layers: int, num_layers: int) -> list[int]:
@@ -172,76 +174,63 @@ def eval_accuracy(model, seqs: list[Sequence], make_batch, device, max_pos: int,
 
 
 # ---- the training job -------------------------------------------------------------------------
-def train_draft_lm(method: str, *, hidden_path: str, target_dir: str, out_dir: str, settings: dict,
-                   overlap: int, device: str, make_batch: Callable, max_pos: int, method_config: dict,
-                   hf_config_extra: dict | None = None, prepare: Callable | None = None) -> dict:
-    """Train a draft LM with the method's objective and save the standalone checkpoint.
+def draft_trainee(method: str, target, data, settings: dict, tcfg, device: str, *, make_batch: Callable,
+                  max_pos: int, method_config: dict, hf_config_extra: dict | None = None,
+                  prepare: Callable | None = None):
+    """The driver's Trainee for a draft LM trained with the method's objective.
     make_batch(seqs, step) builds a DraftBatch (step None: evaluation, nothing random);
     prepare(draft, train_seqs) may check the data or adapt the model before training."""
-    from ..models import load_causal_lm
-    tcfg = TrainConfig(**settings.get("train", {}))
+    from ..train.driver import Trainee
     dcfg = DraftLMConfig(**settings.get("draft", {}))
-    target = load_causal_lm(target_dir, "float32")
-    hs = HiddenStates(hidden_path)   # the draft family reads only the token ids from the cache
-    hs.check_target(target.config)
-    train_seqs, heldout_seqs = hs.split("train", []), hs.split("heldout", [])
-    fit_seqs = train_seqs if dcfg.train_context is None else [clip_prompt(s, dcfg.train_context) for s in train_seqs]
-    torch.manual_seed(tcfg.seed)
+    if dcfg.init_checkpoint is not None:
+        raise ValueError(f"draft.init_checkpoint {dcfg.init_checkpoint!r} must be resolved into init_model_path "
+                         f"(the workflow does this)")
+    fit_seqs = data.train if dcfg.train_context is None else [clip_prompt(s, dcfg.train_context) for s in data.train]
     if dcfg.init_model_path:
         draft, init = from_pretrained_init(dcfg.init_model_path, target.config), dcfg.init_model_path
     else:
         draft, init = derive_from_target(target, dcfg)
-    del target
     if prepare is not None:
-        prepare(draft, train_seqs)
+        prepare(draft, data.train)
     for name, p in draft.named_parameters():
         p.requires_grad_(dcfg.train_embeddings or not (name.startswith("model.embed_tokens") or name.startswith("lm_head")))
     draft.config.use_cache = True
-    dtype = getattr(torch, tcfg.dtype)
-    draft.to(device, dtype)
-    gen = torch.Generator().manual_seed(tcfg.seed)
-    order = torch.randperm(len(train_seqs), generator=gen).tolist()
+    draft.to(device, getattr(torch, tcfg.dtype))
 
-    def loss_fn(module, step):
-        a = (step * tcfg.batch_size) % len(order)
-        idx = (order + order)[a:a + tcfg.batch_size]   # epochs of shuffled sequences
+    def loss(module, idx, step):
         return completion_lm_loss(module, make_batch([fit_seqs[i] for i in idx], step), device, max_pos)
 
-    run_id = fingerprint(asdict(tcfg), asdict(dcfg), method_config, hs.meta, len(train_seqs))
+    def evaluate(module):
+        return {name: {"top1_accuracy_per_position": eval_accuracy(module, seqs, make_batch, device, max_pos)}
+                for name, seqs in data.eval_splits().items()}
+
+    def save(out_dir, train_config, log, eval_proxy):
+        for k, v in (hf_config_extra or {}).items():
+            setattr(draft.config, k, v)
+        config = {"draft": {**asdict(dcfg), "init_layers": init if isinstance(init, list) else None}, **method_config}
+        save_draft_lm(draft.float(), out_dir, method, config, target, train_config, log, eval_proxy)
+
     n_params = sum(p.numel() for p in draft.model.layers.parameters())
-    print(f"{method}: draft of {draft.config.num_hidden_layers} layers ({n_params / 1e6:.1f}M layer "
-          f"parameters, init {init}), {len(train_seqs)} sequences, {tcfg.steps} steps of {tcfg.batch_size}")
-    log = train(draft, loss_fn, tcfg, out_dir, run_id, desc=method)
-
-    evals = {"overlap": train_seqs[:overlap], "heldout": heldout_seqs}
-    eval_proxy = {name: {"top1_accuracy_per_position": eval_accuracy(draft, seqs, make_batch, device, max_pos)}
-                  for name, seqs in evals.items()}
-    for k, v in (hf_config_extra or {}).items():
-        setattr(draft.config, k, v)
-    save_draft_lm(draft.float(), out_dir, method,
-                  {"draft": {**asdict(dcfg), "init_layers": init if isinstance(init, list) else None},
-                   **method_config},
-                  target_dir, asdict(tcfg), log, eval_proxy)
-    return eval_proxy
+    return Trainee(draft, len(data.train), loss, evaluate, save, {"draft": asdict(dcfg), **method_config},
+                   f"draft of {draft.config.num_hidden_layers} layers ({n_params / 1e6:.1f}M layer parameters, "
+                   f"init {init})")
 
 
-def save_draft_lm(draft, out_dir: str, method: str, settings: dict, target_dir: str, train_config: dict,
+def save_draft_lm(draft, out_dir: str, method: str, settings: dict, target, train_config: dict,
                   log: list[dict], eval_proxy: dict) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     draft.save_pretrained(out)
+    target_dir = Path(target.name_or_path)
     for name in TOKENIZER_FILES:   # the target's tokenizer: the draft shares its vocabulary
-        if (Path(target_dir) / name).is_file():
-            shutil.copy(Path(target_dir) / name, out / name)
-    from transformers import AutoConfig
-    target_config = AutoConfig.from_pretrained(target_dir)
+        if (target_dir / name).is_file():
+            shutil.copy(target_dir / name, out / name)
     write_json(out / "specdec.json", {
-        "method": method, "config": settings, "target": target_signature(target_config),
+        "method": method, "config": settings, "target": target_signature(target.config),
         "train": train_config, "train_seconds": log[-1]["elapsed_s"], "eval_proxy": eval_proxy,
         "train_log": log})
     files = sorted(p.name for p in out.iterdir() if p.name not in ("manifest.json", "resume.pt"))
     write_json(out / "manifest.json", {"method": method, "files": files})
-    finish(out_dir)
 
 
 def load_draft_lm(ckpt_dir: str, method: str, target_config, dtype=torch.float32, device="cpu"):

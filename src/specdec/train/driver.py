@@ -1,0 +1,118 @@
+"""The one training job of every learned proposer.
+
+The driver does what every method shares: load the frozen target and the hidden-state cache,
+check that the cache was made by this target, seed, draw batches (a fresh permutation of the
+examples every epoch), run the resumable loop (warm-up, cosine schedule, clipping, resume; see
+loop.py), evaluate the proxy on the train-overlap slice and the held-out split, save, and drop
+the resume state. A method supplies only `setup(target, data, settings, tcfg, device) ->
+Trainee`: its module, how many examples it draws from, its loss on a batch of them, its
+evaluation and how it saves.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import loop
+from .hidden import HiddenStates, Sequence
+
+
+@dataclass
+class TrainData:
+    """The cached target states a method trains on: sequences of the train and held-out splits
+    (token ids, prompt length, the requested hidden-state taps)."""
+    train: list[Sequence]
+    heldout: list[Sequence]
+    overlap: int          # the first `overlap` train sequences are the train-overlap eval slice
+
+    def eval_splits(self) -> dict[str, list[Sequence]]:
+        return {"overlap": self.train[: self.overlap], "heldout": self.heldout}
+
+
+@dataclass
+class Trainee:
+    """What a method hands the driver."""
+    module: nn.Module                     # only parameters with requires_grad are trained
+    examples: int                         # size of the set the sampler permutes every epoch
+    loss: Callable[[nn.Module, list[int], int], tuple[torch.Tensor, dict]]  # (module, example ids, step)
+    evaluate: Callable[[nn.Module], dict]                                    # -> eval proxy
+    save: Callable[[str, dict, list[dict], dict], None]  # (out_dir, train config, log, eval proxy)
+    settings: dict = field(default_factory=dict)          # the method's settings: part of the run's identity
+    describe: str = ""                                    # one line printed before training
+
+
+def epoch_order(n: int, epoch: int, seed: int) -> list[int]:
+    """The permutation of epoch `epoch`: seeded by (seed, epoch), so a resumed run draws the same
+    batches and every epoch visits the examples in a new order."""
+    gen = torch.Generator().manual_seed(seed + 1_000_003 * epoch)
+    return torch.randperm(n, generator=gen).tolist()
+
+
+def batch_indices(step: int, batch_size: int, n: int, seed: int) -> list[int]:
+    """Example ids of one step: steps walk the concatenation of the epochs' permutations."""
+    start = step * batch_size
+    out = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(start + len(out), n)
+        order = epoch_order(n, epoch, seed)
+        out += order[offset: offset + batch_size - len(out)]
+    return out
+
+
+def frozen_target(target, dtype: str, device: str):
+    """The target loaded again in the compute dtype on the device, frozen: for a method that runs
+    target modules in training (loading keeps the rotary frequencies in fp32, as inference does;
+    casting the fp32 model would round them)."""
+    from ..models import load_causal_lm
+    model = load_causal_lm(target.name_or_path, dtype, device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _prepare(method, hidden_path: str, target_dir: str, settings: dict, overlap: int):
+    from ..models import load_causal_lm
+    tcfg = loop.TrainConfig(**settings.get("train", {}))
+    # on the CPU in fp32: a method loads what it runs in training on the device itself (frozen_target)
+    target = load_causal_lm(target_dir, "float32")
+    for p in target.parameters():
+        p.requires_grad_(False)
+    hs = HiddenStates(hidden_path)
+    hs.check_target(target.config)
+    taps = method.hidden_taps(target.config, settings)
+    return tcfg, target, hs, TrainData(hs.split("train", taps), hs.split("heldout", taps), overlap)
+
+
+def train_checkpoint(method, *, hidden_path: str, target_dir: str, out_dir: str, settings: dict,
+                     overlap: int, device: str = "cpu") -> dict:
+    """Train `method` (its module: `hidden_taps(config, settings)` and `setup(...)`) and save the
+    checkpoint in `out_dir`; returns the eval proxy."""
+    tcfg, target, hs, data = _prepare(method, hidden_path, target_dir, settings, overlap)
+    torch.manual_seed(tcfg.seed)   # initialisation is part of the run: a rerun starts identically
+    trainee = method.setup(target, data, settings, tcfg, device)
+
+    def loss_fn(module, step):
+        return trainee.loss(module, batch_indices(step, tcfg.batch_size, trainee.examples, tcfg.seed), step)
+
+    run_id = loop.fingerprint(asdict(tcfg), trainee.settings, hs.meta, trainee.examples)
+    print(f"{method.NAME}: {trainee.describe}; {trainee.examples} examples, {tcfg.steps} steps of {tcfg.batch_size}")
+    log = loop.train(trainee.module, loss_fn, tcfg, out_dir, run_id, desc=method.NAME)
+    with torch.no_grad():
+        eval_proxy = trainee.evaluate(trainee.module)
+    trainee.save(out_dir, asdict(tcfg), log, eval_proxy)
+    loop.finish(out_dir)
+    return eval_proxy
+
+
+def reevaluate(method, ckpt_dir: str, *, hidden_path: str, target_dir: str, settings: dict, overlap: int,
+               device: str = "cpu") -> dict:
+    """A saved checkpoint's eval proxy, computed again: the method's evaluation on the same data,
+    with the module its own loader reads from `ckpt_dir`."""
+    tcfg, target, _, data = _prepare(method, hidden_path, target_dir, settings, overlap)
+    trainee = method.setup(target, data, settings, tcfg, device)
+    module = method.load_module(ckpt_dir, target).to(device, getattr(torch, tcfg.dtype)).eval()
+    with torch.no_grad():
+        return trainee.evaluate(module)

@@ -1,0 +1,202 @@
+"""The contract every registered method meets, checked the same way for each (a new method gets
+these tests by registering): its declarations, lossless greedy decoding in fp32, a reused
+proposer equal to a fresh one, and for learned methods a checkpoint that reproduces its eval
+proxy, resumes, and refuses another target. Each method's EXAMPLE is the variant under test."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import distillation_set, tiny_llama
+from specdec import methods
+from specdec.core.loop import decode
+from specdec.core.target import TargetModel
+from specdec.train import loop
+from specdec.train.checkpoint import CheckpointMismatch
+from specdec.train.driver import reevaluate
+
+LEARNED = [m for m in methods.names() if methods.is_learned(m)]
+NEW_TOKENS = 20
+
+
+def free_token_zero(model):
+    """Token 0's LM-head row is zero, so its logit (0) is never the argmax: the target never
+    emits it, prompts never hold it, and it is free as a mask token (PARD's EXAMPLE uses it)."""
+    with torch.no_grad():
+        model.lm_head.weight[0] = 0
+    return model
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny target, its distillation set and hidden states, and every learned method's EXAMPLE
+    checkpoint trained on them (fp32)."""
+    torch.set_num_threads(1)
+    model = free_token_zero(tiny_llama())
+    taps = sorted({t for m in LEARNED
+                   for t in methods.module(m).hidden_taps(model.config, methods.module(m).EXAMPLE["train"])})
+    out = distillation_set(model, tmp_path_factory.mktemp("contract"), taps or [model.config.num_hidden_layers])
+    assert all(0 not in r["prompt_ids"] + r["completion_ids"] for r in out["records"])
+    out["checkpoints"] = {}
+    for m in LEARNED:
+        ckpt = out["root"] / m
+        train_checkpoint(m, out, ckpt)
+        out["checkpoints"][m] = ckpt
+    return out
+
+
+def train_checkpoint(method, world, out_dir):
+    return methods.train_checkpoint(method, str(world["hidden"]), str(world["target_dir"]), str(out_dir),
+                                    methods.module(method).EXAMPLE["train"], overlap=4)
+
+
+def example_params(method, world, key="params") -> dict:
+    example = methods.module(method).EXAMPLE
+    params = dict(example.get(key, example["params"]))
+    if methods.is_learned(method):
+        params["checkpoint"] = str(world["checkpoints"][method])
+    return params
+
+
+def run(target, prompt, proposer=None):
+    with torch.inference_mode():
+        return decode(target, prompt, NEW_TOKENS, set(), proposer)
+
+
+def make_proposer(method, world):
+    """(target, proposer): a proposer decodes through the target it was built on."""
+    target = TargetModel(world["model"])
+    return target, methods.build_proposer(method, example_params(method, world), target)
+
+
+@pytest.mark.parametrize("method", methods.names())
+def test_declarations(method):
+    m = methods.module(method)
+    assert m.NAME == method
+    assert "checkpoint" not in m.EXAMPLE["params"]
+    methods.check_params(method, {**m.EXAMPLE["params"], **({"checkpoint": "x"} if methods.is_learned(method) else {})})
+    if methods.is_learned(method):
+        for name in ("TRAIN_SETTINGS", "hidden_taps", "setup", "load_module"):
+            assert hasattr(m, name), f"learned method {method} must define {name}"
+        methods.check_train_settings(method, m.EXAMPLE["train"])
+    serving = methods.vllm_serving(method)
+    if serving is not None:
+        assert callable(m.vllm_config)
+        if serving.export:
+            assert callable(m.export_vllm)
+    assert m.__file__ in methods.source_files(method)
+    with pytest.raises(ValueError, match="unknown"):
+        methods.check_params(method, {**m.EXAMPLE["params"], "no_such_parameter": 1})
+
+
+@pytest.mark.parametrize("method", methods.names())
+def test_lossless_in_fp32(method, world):
+    """Greedy outputs equal the baseline's token for token, and the method did draft."""
+    target, proposer = make_proposer(method, world)
+    drafted = 0
+    for rec in world["records"][:6]:
+        ours = run(target, rec["prompt_ids"], proposer)
+        assert ours.output_ids == run(TargetModel(world["model"]), rec["prompt_ids"]).output_ids, rec["id"]
+        drafted += sum(ours.drafted)
+    assert drafted > 0, f"{method} never drafted"
+
+
+@pytest.mark.parametrize("method", methods.names())
+def test_reused_proposer_equals_a_fresh_one(method, world):
+    """start() resets everything: after decoding other prompts, a proposer drafts exactly what a
+    fresh one drafts."""
+    target, used = make_proposer(method, world)
+    for rec in world["records"][6:9]:
+        run(target, rec["prompt_ids"], used)
+    for rec in world["records"][9:12]:
+        a = run(target, rec["prompt_ids"], used)
+        fresh_target, fresh = make_proposer(method, world)
+        b = run(fresh_target, rec["prompt_ids"], fresh)
+        assert (a.output_ids, a.drafted, a.accepted, a.depth) == (b.output_ids, b.drafted, b.accepted, b.depth)
+
+
+@pytest.mark.parametrize("method", LEARNED)
+def test_checkpoint_reproduces_its_eval_proxy(method, world):
+    """Saved, loaded by the method's own loader and evaluated again: the eval proxy recorded at
+    training time comes back exactly."""
+    ckpt = world["checkpoints"][method]
+    again = reevaluate(methods.module(method), str(ckpt), hidden_path=str(world["hidden"]),
+                       target_dir=str(world["target_dir"]), settings=methods.module(method).EXAMPLE["train"],
+                       overlap=4)
+    recorded = json.loads(((ckpt / "specdec.json") if (ckpt / "specdec.json").is_file()
+                           else (ckpt / "config.json")).read_text())["eval_proxy"]
+    assert again == recorded
+
+
+@pytest.mark.parametrize("method", LEARNED)
+def test_interrupted_training_resumes_to_the_same_weights(method, world, tmp_path, monkeypatch):
+    settings = methods.module(method).EXAMPLE["train"]
+    steps, save_every = settings["train"]["steps"], settings["train"]["save_every"]
+    assert save_every < steps
+    real_train = loop.train
+
+    def interrupted(module, loss_fn, *a, **kw):
+        def failing(m, step):
+            if step == save_every + 1:
+                raise KeyboardInterrupt
+            return loss_fn(m, step)
+        return real_train(module, failing, *a, **kw)
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_checkpoint(method, world, tmp_path)
+    assert (tmp_path / "resume.pt").is_file() and not (tmp_path / "manifest.json").exists()
+    seen = []
+
+    def counting(module, loss_fn, *a, **kw):
+        return real_train(module, lambda m, step: (seen.append(step), loss_fn(m, step))[1], *a, **kw)
+
+    monkeypatch.setattr(loop, "train", counting)
+    train_checkpoint(method, world, tmp_path)
+    assert seen[0] == save_every and seen[-1] == steps - 1
+    assert not (tmp_path / "resume.pt").exists()
+    a = load_file(tmp_path / "model.safetensors")
+    b = load_file(world["checkpoints"][method] / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("method", LEARNED)
+def test_refuses_a_checkpoint_made_for_another_target(method, world):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=80, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    with pytest.raises(CheckpointMismatch):
+        methods.build_proposer(method, example_params(method, world), TargetModel(other))
+
+
+@pytest.mark.parametrize("method", [m for m in methods.names() if methods.vllm_serving(m)])
+def test_vllm_mapping(method, world, tmp_path):
+    """vLLM's speculative_config from the EXAMPLE variant, and the export where one is needed."""
+    serving = methods.vllm_serving(method)
+    export = None
+    if serving.export:
+        export = tmp_path / "export"
+        methods.export_vllm(method, ckpt_dir=str(world["checkpoints"][method]),
+                            target_dir=str(world["target_dir"]), out_dir=str(export))
+        assert (export / "config.json").is_file() and (export / "manifest.json").is_file()
+    spec = methods.vllm_config(method, example_params(method, world, "vllm_params"), None if export is None else str(export))
+    assert spec["num_speculative_tokens"] >= 1 and isinstance(spec["method"], str)
+
+
+@pytest.mark.parametrize("method", methods.names())
+def test_generate_command(method, world, capsys):
+    """`specdec generate` with the method on a prompt given on the command line: it streams the
+    target's own greedy continuation and reports acceptance, tau and tokens/s."""
+    from conftest import save_word_tokenizer
+    from specdec.cli import main
+    save_word_tokenizer(world["target_dir"])
+    prompt = world["records"][0]["prompt_ids"]
+    args = ["generate", " ".join(f"w{t}" for t in prompt), "--method", method, "--target", str(world["target_dir"]),
+            "--config", "none.yaml", "--params", json.dumps(example_params(method, world)),
+            "--max-new-tokens", str(NEW_TOKENS), "--dtype", "float32", "--raw"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    baseline = run(TargetModel(world["model"]), prompt).output_ids
+    assert out.split() == [f"w{t}" for t in baseline if t != 2]
+    assert f"[{method} " in err and "tok/s; acceptance" in err and "tau" in err
