@@ -5,10 +5,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from conftest import VOCAB, tiny_llama
 from specdec.backends.torch_bench import bench_torch
 from specdec.data.records import write_jsonl
-
-from conftest import VOCAB, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -180,7 +180,8 @@ def test_vllm_mapping(method, world, tmp_path):
         methods.export_vllm(method, ckpt_dir=str(world["checkpoints"][method]),
                             target_dir=str(world["target_dir"]), out_dir=str(export))
         assert (export / "config.json").is_file() and (export / "manifest.json").is_file()
-    spec = methods.vllm_config(method, example_params(method, world, "vllm_params"), None if export is None else str(export))
+    params = example_params(method, world, "vllm_params")
+    spec = methods.vllm_config(method, params, None if export is None else str(export))
     assert spec["num_speculative_tokens"] >= 1 and isinstance(spec["method"], str)
 
 

@@ -12,9 +12,15 @@ from specdec.backends.hf_generate import hf_decode, peer_kwargs
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel
 from specdec.methods import build_proposer, draft_model, pard, train_checkpoint
+from specdec.methods.draft_lm import (
+    IGNORE,
+    DraftLMConfig,
+    causal_batch,
+    default_init_layers,
+    derive_from_target,
+    load_draft_lm,
+)
 from specdec.train.checkpoint import CheckpointMismatch
-from specdec.methods.draft_lm import (IGNORE, DraftLMConfig, causal_batch, default_init_layers,
-                                    derive_from_target, load_draft_lm)
 from specdec.train.hidden import Sequence
 
 FAST = {"steps": 60, "batch_size": 8, "lr": 2e-2, "warmup_steps": 2, "save_every": 25, "log_every": 1}
@@ -39,7 +45,8 @@ def trained(request, tmp_path_factory):
     train_checkpoint("pard", str(hidden), str(target_dir), str(root / "pard"),
                           {"train": FAST, "draft": draft_settings,
                            "pard": {"pard_token": pard_token, "train_draft_len": 4}}, overlap=4)
-    return {"pard_token": pard_token, "model": model, "root": root, "target_dir": target_dir, "hidden": hidden, "records": records}
+    return {"pard_token": pard_token, "model": model, "root": root, "target_dir": target_dir, "hidden": hidden,
+            "records": records}
 
 
 def _meta(ckpt):
@@ -163,7 +170,8 @@ def test_checkpoint_round_trip(trained):
     ids = torch.tensor([[5, 9, 3, 17]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, again(ids).logits)
-    assert meta["config"]["pard"]["pard_token"] == trained["pard_token"] and meta["config"]["draft"]["init_layers"] == [0, 2]
+    assert meta["config"]["pard"]["pard_token"] == trained["pard_token"]
+    assert meta["config"]["draft"]["init_layers"] == [0, 2]
 
 
 def test_pard_token_used_by_the_data_is_refused(trained, tmp_path):
@@ -194,13 +202,14 @@ def test_draft_cache_after_partial_acceptance_equals_a_fresh_prefill(trained):
         prompt = r["prompt_ids"]
 
         class Spy:
+            prompt_len = len(prompt)
             tap_layers = ()
             drafts_from_prompt = prop.drafts_from_prompt
             start = prop.start
 
             def propose(self, ids, max_depth=None):
                 d = prop.draft
-                if len(ids) == len(prompt):   # the first draft: from the prompt, an empty cache
+                if len(ids) == self.prompt_len:   # the first draft: from the prompt, an empty cache
                     assert d.cached == 0
                     return prop.propose(ids, max_depth)
                 # before drafting: the cache is a prefix of the verified sequence
@@ -333,6 +342,7 @@ def test_vllm_exports_are_plain_hugging_face_drafts(trained, tmp_path):
     """The exports vLLM loads as speculative_config.model: the HF files, target vocabulary, and
     for PARD the pard_token its parallel drafting reads; our metadata stays behind."""
     from transformers import AutoModelForCausalLM
+
     from specdec.methods import vllm_config as speculative_config
     for method, ckpt in (("draft_model", "draft"), ("pard", "pard")):
         out = tmp_path / method
@@ -355,6 +365,7 @@ def test_pretrained_init_is_padded_to_the_target_vocabulary(tmp_path):
     target with a larger embedding (152,064): the draft is padded to the target's size; a base
     with a larger vocabulary is refused."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
     from specdec.methods.draft_lm import from_pretrained_init
     target = tiny_llama()
     for vocab in (56, 72):

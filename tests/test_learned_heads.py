@@ -9,8 +9,7 @@ from conftest import check_against_fresh_proposer, distillation_set, tiny_llama,
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel
 from specdec.core.tree import root_paths
-from specdec.methods import build_proposer, train_checkpoint
-from specdec.methods import medusa, mtp
+from specdec.methods import build_proposer, medusa, mtp, train_checkpoint
 from specdec.train.checkpoint import CheckpointMismatch
 from specdec.train.hidden import HiddenStates
 
@@ -180,7 +179,7 @@ def test_draft_vocabulary_is_the_most_frequent_tokens(trained):
 @pytest.mark.parametrize("method,ckpt", [("medusa", "medusa"), ("medusa", "medusa_dv"), ("mtp", "mtp2")])
 def test_checkpoint_round_trip_and_mismatch(trained, method, ckpt, tmp_path):
     model = trained["model"]
-    module = getattr(medusa if method == "medusa" else mtp, "NAME")
+    module = (medusa if method == "medusa" else mtp).NAME
     from specdec.train.checkpoint import load_proposer, save_proposer
     meta, state = load_proposer(str(trained["root"] / ckpt), module, model.config)
     save_proposer(str(tmp_path / "copy"), module, meta["config"], state, model.config,

@@ -2,7 +2,6 @@
 import random
 
 import pytest
-import torch
 
 from specdec.core.loop import Draft, decode, draft_limit
 from specdec.core.target import TargetModel

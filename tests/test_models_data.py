@@ -1,11 +1,10 @@
 import pytest
 import torch
 
+from conftest import tiny_llama
 from specdec.data.chat import build_chat_splits
 from specdec.data.wiki import build_wiki_set
 from specdec.models import CheckpointError, load_causal_lm
-
-from conftest import tiny_llama
 
 
 class CharTokenizer:

@@ -1,9 +1,9 @@
 import random
 
+import pytest
+
 from specdec.core.tree import ancestor_matrix, check_parents, depths, is_chain, root_paths
 from specdec.core.verify import verify_chain, verify_tree
-
-import pytest
 
 
 def brute_force_tree(tokens, parents, target_next):

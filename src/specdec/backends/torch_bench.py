@@ -8,7 +8,6 @@ listed in the summary. Records and summary follow core.metrics.
 """
 from __future__ import annotations
 
-import torch
 from tqdm import tqdm
 
 from ..core.loop import decode

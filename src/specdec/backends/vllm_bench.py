@@ -17,7 +17,6 @@ taken around the measured pass. If vLLM refuses a method, the summary says why, 
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -26,8 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .. import methods
-from ..core.metrics import attach_baseline, environment, equality, make_record, summarize
-from ..core.stats import half_width, rounds_t_interval
+from ..core.metrics import attach_baseline, environment, make_record, summarize
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
 
@@ -180,10 +178,8 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
             first_divergence=None) for i, (p, out) in enumerate(zip(fits, outputs[name]))]
     attach_baseline(records["baseline"], records["baseline"])
     attach_baseline(records["method"], records["baseline"])
-    if mode == "serial":
-        summary = summarize(records["method"], records["baseline"], settings, skipped, resamples)
-    else:
-        summary = summarize_batched(records["method"], records["baseline"], walls, settings, skipped)
+    summary = summarize(records["method"], records["baseline"], settings, skipped, resamples,
+                        round_walls=walls if mode == "batched" else None)
     summary.update(acceptance_from_counters(counters["before"], counters["after"]))
     k = spec["num_speculative_tokens"]
     summary["draft_shape"] = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
@@ -195,27 +191,3 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
 def _has_cuda() -> bool:
     import torch
     return torch.cuda.is_available()
-
-
-def summarize_batched(records, base, walls, settings, skipped) -> dict:
-    """Batched throughput: one wall time per round and engine; the same fields as summarize(),
-    the speedup over rounds (core.stats.rounds_t_interval)."""
-    new = sum(r["new_tokens"] for r in records)
-    wall = statistics.median(walls["method"])
-    b_wall = statistics.median(walls["baseline"])
-    t = rounds_t_interval(walls["baseline"], walls["method"])
-    s = {"method": records[0]["method"], "dataset": records[0]["dataset"], "prompts": len(records),
-         "skipped_prompts": len(skipped), "skipped": skipped, "new_tokens": new, "wall_s": wall,
-         "round_walls_s": walls["method"], "mean_latency_s": None, "median_latency_s": None,
-         "throughput_tok_s": new / wall, "decode_s": None, "draft_s": None, "steps": None,
-         "drafting_steps": None, "drafted_tokens": None, "accepted_tokens": None, "acceptance_rate": None,
-         "tau": None, "acceptance_by_position": [], "draft_ms_per_step": None, "target_ms_per_step": None, "draft_to_target_cost": None,
-         "timing": "paired", "baseline_wall_s": b_wall, "baseline_round_walls_s": walls["baseline"],
-         "baseline_throughput_tok_s": sum(b["new_tokens"] for b in base) / b_wall,
-         "speedup": t["speedup"], "speedup_ci": t["ci"], "speedup_ci_half_width": half_width(t["ci"], t["speedup"]),
-         "speedup_ci_method": t["ci_method"], "mean_prompt_speedup": None, "median_prompt_speedup": None,
-         "decode_speedup": None}
-    s.update(equality(records, base))
-    s["settings"] = settings
-    s["environment"] = environment()
-    return s

@@ -7,8 +7,9 @@ its proposer and nothing else.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -32,20 +33,21 @@ class Draft:
                 raise ValueError(f"draft token {i} has parent {p}: parents must come first (or be -1)")
 
     @classmethod
-    def chain(cls, tokens: list[int]) -> "Draft":
+    def chain(cls, tokens: list[int]) -> Draft:
         return cls(list(tokens), list(range(-1, len(tokens) - 1)))
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def prune(self, max_depth: int) -> "Draft":
+    def prune(self, max_depth: int) -> Draft:
         """The nodes at depth <= max_depth (depth 1: children of the pending token)."""
         depth = depths([-1] + [p + 1 for p in self.parents])[1:]   # node 0 is the pending token
         kept = [i for i, d in enumerate(depth) if d <= max_depth]   # parents come first, so kept too
         if len(kept) == len(self.tokens):
             return self
         index = {i: j for j, i in enumerate(kept)}
-        return Draft([self.tokens[i] for i in kept], [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept])
+        parents = [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept]
+        return Draft([self.tokens[i] for i in kept], parents)
 
 
 def draft_limit(draft_len: int, max_depth: int | None) -> int:

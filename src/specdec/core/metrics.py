@@ -15,10 +15,10 @@ Definitions (the same as Spec-Bench / vLLM / the reference system):
 from __future__ import annotations
 
 import platform
-from importlib import metadata
 import statistics
+from importlib import metadata
 
-from .stats import half_width, paired_bootstrap
+from .stats import half_width, paired_bootstrap, rounds_t_interval
 
 RECORD_FIELDS = (
     "id",               # prompt id from the data set
@@ -114,6 +114,25 @@ def paired_speedup(base: list[dict], records: list[dict], resamples: int) -> dic
     }
 
 
+def rounds_speedup(base: list[dict], walls: dict[str, list[float]]) -> dict:
+    """Batched throughput: the whole batch timed once per round and arm, the arms alternating
+    (ABBA); the speedup and its t-interval over the rounds."""
+    t = rounds_t_interval(walls["baseline"], walls["method"])
+    b_wall = statistics.median(walls["baseline"])
+    return {
+        "timing": "paired",
+        "baseline_wall_s": b_wall,
+        "baseline_round_walls_s": walls["baseline"],
+        "baseline_throughput_tok_s": sum(b["new_tokens"] for b in base) / b_wall,
+        "speedup": t["speedup"],
+        "speedup_ci": t["ci"],
+        "speedup_ci_half_width": half_width(t["ci"], t["speedup"]),
+        "speedup_ci_method": t["ci_method"],
+        "mean_prompt_speedup": None,
+        "median_prompt_speedup": None,
+    }
+
+
 def equality(records: list[dict], base: list[dict]) -> dict:
     """Token-by-token comparison with the baseline's outputs on the same prompts."""
     matches = sum(1 for r in records if r["matches_baseline"])
@@ -126,13 +145,22 @@ def equality(records: list[dict], base: list[dict]) -> dict:
 
 
 def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
-              skipped: list[dict] | None = None, resamples: int = 10000) -> dict:
+              skipped: list[dict] | None = None, resamples: int = 10000,
+              round_walls: dict[str, list[float]] | None = None) -> dict:
     """Aggregate one run. `baseline`: the baseline arm's records on the same prompts, timed in
-    the same process, alternating with this arm prompt by prompt."""
+    the same process, alternating with this arm prompt by prompt. `round_walls` (batched
+    throughput): {"method": [...], "baseline": [...]}, the whole batch's wall time per round,
+    in place of per-prompt times."""
     if not records:
         raise ValueError("no records to summarize")
-    wall = sum(r["wall_s"] for r in records)
     new = sum(r["new_tokens"] for r in records)
+    if round_walls is None:
+        wall = sum(r["wall_s"] for r in records)
+        latency = {"mean_latency_s": wall / len(records),
+                   "median_latency_s": statistics.median(r["wall_s"] for r in records)}
+    else:
+        wall = statistics.median(round_walls["method"])
+        latency = {"round_walls_s": round_walls["method"], "mean_latency_s": None, "median_latency_s": None}
     has_ttft = all(r["ttft_s"] is not None for r in records)
     s = {
         "method": records[0]["method"],
@@ -142,8 +170,7 @@ def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
         "skipped": skipped or [],
         "new_tokens": new,
         "wall_s": wall,
-        "mean_latency_s": wall / len(records),
-        "median_latency_s": statistics.median(r["wall_s"] for r in records),
+        **latency,
         "throughput_tok_s": new / wall,
         "decode_s": wall - sum(r["ttft_s"] for r in records) if has_ttft else None,
         "draft_s": sum(r["draft_s"] for r in records) if all(r["draft_s"] is not None for r in records) else None,
@@ -168,7 +195,7 @@ def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
     if baseline is not None:
         by_id = {b["id"]: b for b in baseline}   # attach_baseline has checked every id is there
         base = [by_id[r["id"]] for r in records]
-        s.update(paired_speedup(base, records, resamples))
+        s.update(paired_speedup(base, records, resamples) if round_walls is None else rounds_speedup(base, round_walls))
         if has_ttft and all(b["ttft_s"] is not None for b in base):
             b_dec = s["baseline_wall_s"] - sum(b["ttft_s"] for b in base)
             s["decode_speedup"] = _ratio(b_dec, s["decode_s"])

@@ -1,11 +1,13 @@
-"""Record IO: JSONL / JSON written atomically, read with errors that name the file and line."""
+"""Record IO: JSONL / JSON written atomically, read with errors that name the file and line;
+`atomic_path`, the one way every artifact of the project is written."""
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
 
 # the fields every prompt record carries (the reference system's, plus id/dataset/split)
 PROMPT_FIELDS = ("id", "prompt", "prompt_ids")
@@ -16,21 +18,34 @@ class RecordError(ValueError):
     pass
 
 
-def _atomic_write(path: str | os.PathLike, write) -> None:
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling of `path` for the block to write (a file or a directory). When the
+    block succeeds it replaces `path`; when it fails it is removed: readers never see half an
+    artifact, and an interrupted job leaves nothing that looks finished."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+    tmp = path.with_name(f".{path.name}.partial")
+    _remove(tmp)
     try:
-        with os.fdopen(fd, "w") as f:
-            write(f)
-        os.replace(tmp, path)  # readers never see a half-written file
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        yield tmp
+        if path.is_dir():
+            shutil.rmtree(path)   # os.replace cannot replace a non-empty directory
+        os.replace(tmp, path)
+    finally:
+        _remove(tmp)
+
+
+def _atomic_write(path: str | os.PathLike, write) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        write(f)
 
 
 def write_jsonl(path, records: Iterable[dict]) -> None:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -193,7 +193,8 @@ def draft_trainee(method: str, target, data, settings: dict, tcfg, device: str, 
     if prepare is not None:
         prepare(draft, data.train)
     for name, p in draft.named_parameters():
-        p.requires_grad_(dcfg.train_embeddings or not (name.startswith("model.embed_tokens") or name.startswith("lm_head")))
+        shared = name.startswith(("model.embed_tokens", "lm_head"))   # the target's, unless trained
+        p.requires_grad_(dcfg.train_embeddings or not shared)
     draft.config.use_cache = True
     draft.to(device, getattr(torch, tcfg.dtype))
 

@@ -45,7 +45,7 @@ def load_module(ckpt_dir: str, target_model):
 VLLM = VllmServing(export="draft")
 
 
-def vllm_config(p: "DraftModelConfig", export_dir: str) -> dict:
+def vllm_config(p: DraftModelConfig, export_dir: str) -> dict:
     # vLLM's drafter stops at num_speculative_tokens; it has no confidence threshold
     return {"method": "draft_model", "model": str(export_dir), "num_speculative_tokens": p.draft_len}
 

@@ -30,13 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from . import VllmServing
 from ..core.loop import Draft, StepResult, draft_limit
 from ..core.target import new_cache, one_layer_config
 from ..core.tree import ancestor_matrix, tree_attention_inputs
-from ..train.driver import frozen_target
 from ..train.checkpoint import load_proposer, save_trained, write_model_dir
+from ..train.driver import frozen_target
 from ..train.vocab import coverage, frequent_tokens
+from . import VllmServing
 
 NAME = "eagle3"
 
@@ -64,7 +64,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("draft_vocab", draft_vocab.clone())  # draft index -> target id
 
     @classmethod
-    def for_target(cls, model, taps: list[int], draft_vocab: torch.Tensor) -> "Eagle3Drafter":
+    def for_target(cls, model, taps: list[int], draft_vocab: torch.Tensor) -> Eagle3Drafter:
         base = model.model
         return cls(model.config, taps, draft_vocab, type(base.layers[0]), type(base.norm))
 
@@ -112,7 +112,8 @@ def ttt_masks(m: int, steps: int, dtype, start: torch.Tensor | None = None, firs
     key of each later step (a diagonal block)."""
     start = torch.zeros(1, dtype=torch.long) if start is None else start.cpu()
     j = torch.arange(m)
-    block0 = (j[None, :] <= j[:, None])[None] & ((j[None, None, :] >= start[:, None, None]) | (j[None, :] == j[:, None])[None])
+    causal, diagonal = (j[None, :] <= j[:, None])[None], (j[None, :] == j[:, None])[None]
+    block0 = causal & ((j[None, None, :] >= start[:, None, None]) | diagonal)
     r = m - first_row
     eye = torch.eye(r, dtype=torch.bool)[None].expand(len(start), -1, -1)
     out = []
@@ -211,7 +212,8 @@ def setup(target, data, settings: dict, tcfg, device: str):
     dtype = getattr(torch, tcfg.dtype)
     model = frozen_target(target, tcfg.dtype, device)   # the frozen embedding and rotary embedding
     V = model.config.vocab_size
-    vocab = torch.arange(V) if ecfg.draft_vocab_size in (None, V) else frequent_tokens(data.train, ecfg.draft_vocab_size, V)
+    full = ecfg.draft_vocab_size in (None, V)
+    vocab = torch.arange(V) if full else frequent_tokens(data.train, ecfg.draft_vocab_size, V)
     t2d = torch.full((V,), -1, dtype=torch.long)
     t2d[vocab] = torch.arange(len(vocab))
     t2d = t2d.to(device)
@@ -330,7 +332,8 @@ class Eagle3Proposer:
             pos = torch.full((1, len(frontier)), n - 2 + d, device=self.device)
             o, logp = self._run(state, [tok[f] for f in frontier], pos, mask[None, None].to(self.device))
             top = logp.topk(k, dim=-1)                                   # (frontier, k)
-            child_score = (torch.tensor([score[f] for f in frontier], device=logp.device)[:, None] + top.values).flatten()
+            parent_score = torch.tensor([score[f] for f in frontier], device=logp.device)
+            child_score = (parent_score[:, None] + top.values).flatten()
             child_tok = self.drafter.draft_vocab[top.indices.flatten()].tolist()
             first = len(tok)
             for i, f in enumerate(frontier):

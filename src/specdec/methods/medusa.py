@@ -20,7 +20,6 @@ step, this makes drafting ~6x cheaper; the target still verifies over its full v
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import asdict, dataclass
 
 import torch

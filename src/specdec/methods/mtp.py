@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import VllmServing
 from ..core.loop import Draft, StepResult
 from ..core.target import new_cache, one_layer_config
 from ..core.tree import tree_attention_inputs
-from ..train.driver import frozen_target
 from ..train.checkpoint import load_proposer, save_trained, write_model_dir
+from ..train.driver import frozen_target
+from . import VllmServing
 
 NAME = "mtp"
 
@@ -60,7 +60,7 @@ class MTP(nn.Module):
         self.layers = nn.ModuleList(MTPLayer(self.layer_config, block_cls, norm_cls) for _ in range(num_modules))
 
     @classmethod
-    def for_target(cls, model, num_modules: int) -> "MTP":
+    def for_target(cls, model, num_modules: int) -> MTP:
         base = model.model
         return cls(model.config, num_modules, type(base.layers[0]), type(base.norm))
 
@@ -174,7 +174,8 @@ class MTPProposer:
         K = len(self.mtp.layers)
         self.steps = cfg.num_speculative_steps or K
         if not 1 <= self.steps <= K:
-            raise ValueError(f"mtp: num_speculative_steps {self.steps} needs 1..{K} modules (checkpoint {cfg.checkpoint})")
+            raise ValueError(f"mtp: num_speculative_steps {self.steps} needs 1..{K} modules "
+                             f"(checkpoint {cfg.checkpoint})")
         self.base, self.lm_head = model.model, model.lm_head
         self.dtype, self.device = target.dtype, target.device
         self.tap_layers = (target.num_layers,)
@@ -286,9 +287,11 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
         num_key_value_heads=tcfg.num_key_value_heads, hidden_act=tcfg.hidden_act,
         max_position_embeddings=tcfg.max_position_embeddings, rms_norm_eps=tcfg.rms_norm_eps,
         rope_parameters=dict(tcfg.rope_parameters), tie_word_embeddings=False, use_sliding_window=False,
-        bos_token_id=tcfg.bos_token_id, eos_token_id=tcfg.eos_token_id, pad_token_id=getattr(tcfg, "pad_token_id", None))
+        bos_token_id=tcfg.bos_token_id, eos_token_id=tcfg.eos_token_id,
+        pad_token_id=getattr(tcfg, "pad_token_id", None))
     config = qwen.to_dict()
-    config.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=K, dtype=str(dtype).removeprefix("torch."))
+    config.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=K,
+                  dtype=str(dtype).removeprefix("torch."))
 
     write_model_dir(out_dir, weights, config,
                     {"method": NAME, "export": "vllm MiMoForCausalLM", "checkpoint": str(ckpt_dir),

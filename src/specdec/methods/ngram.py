@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import VllmServing
 from ..core.loop import Draft, StepResult, draft_limit
+from . import VllmServing
 
 
 @dataclass

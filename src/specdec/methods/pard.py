@@ -109,7 +109,8 @@ def setup(target, data, settings: dict, tcfg, device: str):
 
     def prepare(draft, train_seqs):
         if not 0 <= pcfg.pard_token < draft.config.vocab_size:
-            raise ValueError(f"pard.pard_token {pcfg.pard_token} is outside the vocabulary (0..{draft.config.vocab_size - 1})")
+            raise ValueError(f"pard.pard_token {pcfg.pard_token} is outside the vocabulary "
+                             f"(0..{draft.config.vocab_size - 1})")
         used = sum(int((s.ids == pcfg.pard_token).sum()) for s in train_seqs)
         if used:
             raise ValueError(f"pard.pard_token {pcfg.pard_token} occurs {used} times in the training data: "
@@ -130,7 +131,7 @@ def load_module(ckpt_dir: str, target_model):
 VLLM = VllmServing(export="draft")
 
 
-def vllm_config(p: "PardConfig", export_dir: str) -> dict:
+def vllm_config(p: PardConfig, export_dir: str) -> dict:
     # k drafts from one forward with pard_token masks
     return {"method": "draft_model", "model": str(export_dir), "num_speculative_tokens": p.draft_len,
             "parallel_drafting": True}

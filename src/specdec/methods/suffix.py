@@ -20,8 +20,9 @@ import os
 from collections import deque
 from dataclasses import dataclass
 
-from . import VllmServing
 from ..core.loop import Draft, StepResult
+from ..data.records import write_json
+from . import VllmServing
 
 
 class _Node:
@@ -152,10 +153,7 @@ class SuffixCache:
     def save(self) -> None:
         if not self.path:
             return
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"depth": self.trie.depth, "requests": list(self.requests)}, f)
-        os.replace(tmp, self.path)
+        write_json(self.path, {"depth": self.trie.depth, "requests": list(self.requests)})
 
 
 class SuffixProposer:

@@ -26,8 +26,8 @@ def render_drift(both: pd.DataFrame) -> str:
         "Data set": both["dataset"],
         "Dtype": [r["dtype"] + (" (auto)" if r["dtype_requested"] == "auto" else "") for _, r in both.iterrows()],
         "Method": both["label"],
-        "Run 1 speedup [95% CI]": [f"{r['speedup_1']:.2f}x [{r['ci_low_1']:.2f}, {r['ci_high_1']:.2f}]" for _, r in both.iterrows()],
-        "Run 2 speedup [95% CI]": [f"{r['speedup_2']:.2f}x [{r['ci_low_2']:.2f}, {r['ci_high_2']:.2f}]" for _, r in both.iterrows()],
+        **{f"Run {i} speedup [95% CI]": [f"{r[f'speedup_{i}']:.2f}x [{r[f'ci_low_{i}']:.2f}, {r[f'ci_high_{i}']:.2f}]"
+                                          for _, r in both.iterrows()] for i in (1, 2)},
         "Drift": [f"{100 * d:+.1f}%" for d in both["drift"]],
         "Tau 1 / 2": [f"{r['tau_1']:.2f} / {r['tau_2']:.2f}" if pd.notna(r["tau_1"]) and pd.notna(r["tau_2"]) else "-"
                       for _, r in both.iterrows()],

@@ -8,12 +8,10 @@ the README section and the plots are rendered from it.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pandas as pd
 
-from ..data.records import read_json
+from ..data.records import atomic_path, read_json
 
 KEY = ["backend", "mode", "dataset", "dtype", "method", "variant"]
 # a headline row: our loop, the speed dtype, prompts no drafter trained on
@@ -63,12 +61,6 @@ def rows_frame(paths) -> pd.DataFrame:
 
 
 def write_rows(frame: pd.DataFrame, path: str) -> None:
-    """Write the frame as parquet, through a temporary file (readers never see half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    """Write the frame as parquet (atomically)."""
+    with atomic_path(path) as tmp:
         frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -15,7 +15,8 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 DATASET_TITLES = {
     "chat_heldout": "Chat, held-out prompts (disjoint from training)",
-    "chat_overlap": "Chat, train-overlap slice (the reference system's best-case probe: learned drafters saw these completions)",
+    "chat_overlap": "Chat, train-overlap slice (the reference system's best-case probe: learned drafters "
+                    "saw these completions)",
     "wiki": "Extractive Wikipedia (prompt embeds the articles)",
 }
 NOTES = (
@@ -112,6 +113,8 @@ def headline(frame: pd.DataFrame) -> str:
         rows.append({
             "Method": h["label"],
             "Held-out speedup [95% CI]": speedup_cell(h),
+            "Held-out acceptance": _num(100 * h["acceptance_rate"], ".0f") + "%"
+            if pd.notna(h.get("acceptance_rate")) else "-",
             "Held-out tau": _num(h.get("tau"), ".2f"),
             "Train-overlap speedup (best case)": speedup_cell(o.iloc[0]) if len(o) else "-",
             "Train-overlap tau": _num(o.iloc[0].get("tau"), ".2f") if len(o) else "-",
@@ -128,7 +131,8 @@ def peer_lines(frame: pd.DataFrame) -> list[str]:
         lo, hi = json.loads(r["same_run.counterpart_speedup_ci"])
         out.append(f"- {r['label']} ({r['dataset']}, {dtype_name(r)}): ours ({r['same_run.counterpart']}) ran "
                    f"**{r['same_run.counterpart_speedup']:.2f}x** [{lo:.2f}, {hi:.2f}] its speed, same "
-                   f"process, alternating; identical outputs on {int(r['same_run.same_outputs'])}/{int(r['prompts'])} prompts.")
+                   f"process, alternating; identical outputs on {int(r['same_run.same_outputs'])}/"
+                   f"{int(r['prompts'])} prompts.")
     hf = frame[(frame["method"] == "hf_generate") & frame["speedup"].notna()]
     for _, r in hf.iterrows():
         out.append(f"- HF `generate` ({r['dataset']}, {dtype_name(r)}): our baseline loop ran "
@@ -215,6 +219,19 @@ def render_checkpoints(ckpt_dirs) -> str:
                       "chat prompts.", "", pd.DataFrame(rows).to_markdown(index=False), ""])
 
 
+def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | None) -> str:
+    """The README's results: the host, the headline table (one row per method), where the rest is."""
+    lines = [START, "", *host_lines(frame), "", headline(frame), "",
+             "Held-out: the PyTorch loop, the host's speed dtype, prompts no drafter saw in training. "
+             "Train-overlap: prompts whose completions the learned drafters were trained on (the reference "
+             "system's best-case probe). Speedups are paired with the baseline in one process, with 95% "
+             f"intervals; lossless: fp32 outputs equal to the baseline's. Every row, vLLM included: "
+             f"[`{tables_path}`]({tables_path})."]
+    if plot:
+        lines += ["", f"![speedup]({plot})"]
+    return "\n".join(lines + ["", END])
+
+
 def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section: str,
                  readme: str | None = None, checkpoint_configs=(), out_rows: str | None = None) -> None:
     from .plots import plot_all
@@ -227,10 +244,10 @@ def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section:
     if ckpts:
         tables = tables + "\n" + ckpts
     plots = plot_all(frame, plots_dir)
-    rel = os.path.relpath(plots_dir, Path(readme).parent if readme else ".")
-    section = "\n".join([START, "", tables.replace("# Benchmark results", "### Benchmark results", 1)
-                         .replace("\n## ", "\n#### "), ""]
-                        + [f"![{Path(p).stem}]({rel}/{Path(p).name})" for p in plots] + ["", END])
+    base = Path(readme).parent if readme else Path(".")
+    speedup_plot = next((p for p in plots if Path(p).stem == "speedup"), None)
+    section = render_readme_section(frame, os.path.relpath(out_tables, base),
+                             None if speedup_plot is None else os.path.relpath(speedup_plot, base))
     write_text(out_tables, tables + "\n")
     write_text(readme_section, section + "\n")
     if readme:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..data.records import write_json
+from ..data.records import atomic_path, write_json
 
 
 class CheckpointMismatch(ValueError):
@@ -46,23 +46,18 @@ def save_trained(out_dir: str, method: str, settings: dict, state: dict[str, tor
 def write_model_dir(out_dir: str, weights: dict[str, torch.Tensor], config: dict, manifest: dict,
                     copy_from: str | None = None, copy_names: tuple[str, ...] = ()) -> None:
     """A directory vLLM loads (model.safetensors, config.json, the named files copied from
-    `copy_from` where present) plus manifest.json, written beside it as `<out>.partial` and moved
-    into place at the end: an interrupted export never leaves a half-written directory."""
-    import os
+    `copy_from` where present) plus manifest.json, written atomically: an interrupted export
+    never leaves a half-written directory."""
     import shutil
 
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
-    write_json(tmp / "config.json", config)
-    for name in copy_names:
-        if (Path(copy_from) / name).exists():
-            shutil.copy2(Path(copy_from) / name, tmp / name)
-    write_json(tmp / "manifest.json", manifest)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
+        write_json(tmp / "config.json", config)
+        for name in copy_names:
+            if (Path(copy_from) / name).exists():
+                shutil.copy2(Path(copy_from) / name, tmp / name)
+        write_json(tmp / "manifest.json", manifest)
 
 
 def load_proposer(ckpt_dir: str, method: str, target_config) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -10,8 +10,8 @@ evaluation and how it saves.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ..data.records import read_jsonl
+from ..data.records import atomic_path, read_jsonl
 
 
 @torch.inference_mode()
@@ -68,13 +67,8 @@ def write_hidden_states(target_dir: str, splits: dict[str, str], taps: list[int]
     meta = {"target": str(target_dir), "hidden_size": model.config.hidden_size,
             "vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
             "taps": taps, "dtype": dtype, "splits": list(splits)}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{out}.partial"
-    save_file(tensors, tmp, metadata={"specdec": json.dumps(meta)})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, out)  # readers never see a half-written file
+    with atomic_path(out) as tmp:
+        save_file(tensors, tmp, metadata={"specdec": json.dumps(meta)})
 
 
 @dataclass

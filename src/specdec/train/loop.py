@@ -13,12 +13,14 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm import tqdm
+
+from ..data.records import atomic_path
 
 
 @dataclass
@@ -48,9 +50,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def _save(path: Path, state: dict) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # an interrupted save never leaves a torn resume file
+    with atomic_path(path) as tmp:   # an interrupted save never leaves a torn resume file
+        torch.save(state, tmp)
 
 
 def train(module: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, int], tuple[torch.Tensor, dict]],
