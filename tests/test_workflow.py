@@ -47,6 +47,11 @@ def test_lint_is_clean():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_ruff_is_clean():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", str(REPO)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_config_typo_is_rejected_before_anything_runs(tmp_path):
     import yaml
     wd = copy_workflow(tmp_path)
@@ -58,7 +63,11 @@ def test_config_typo_is_rejected_before_anything_runs(tmp_path):
                        (lambda c: c["methods"]["mtp"]["variants"]["steps2"].update(checkpoint="nope"),
                         "checkpoint 'nope' is not in train.checkpoints.mtp"),
                        (lambda c: c["train"]["checkpoints"]["pard"]["layers1"]["pard"].pop("pard_token"), "pard_token"),
-                       (lambda c: c["methods"]["pard"]["variants"]["len3"].update(datasets=["chats"]), "chats")]:
+                       (lambda c: c["methods"]["pard"]["variants"]["len3"].update(datasets=["chats"]), "chats"),
+                       # a method's parameters and settings, against its module's dataclasses
+                       (lambda c: c["methods"]["ngram"]["variants"]["k5"].update(draft_length=3), "draft_length"),
+                       (lambda c: c["train"]["checkpoints"]["mtp"]["modules2"]["mtp"].update(modules=2), "modules"),
+                       (lambda c: c["vllm"]["datasets"]["wiki"].append("medusa"), "no vLLM counterpart")]:
         cfg = json.loads(json.dumps(smoke))
         edit(cfg)
         bad = tmp_path / "bad.yaml"
@@ -184,9 +193,9 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     original = ngram.read_text()
     edit(ngram)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    # ngram on 3 data sets (wiki in two dtypes), and the HF prompt-lookup peer that times ngram in
-    # the same job
-    assert job_counts(out) == {"bench_torch": 6, "report": 1}
+    # ngram on 3 data sets (wiki in two dtypes), the HF prompt-lookup peer that times ngram in
+    # the same job, and its vLLM rows (its module holds its vLLM mapping)
+    assert job_counts(out) == {"bench_torch": 6, "bench_vllm": 2, "report": 1}
     reruns = re.findall(r"output: (results/torch/\S+?)\.jsonl", out)
     assert sorted(r.rsplit("/", 1)[1] for r in reruns) == ["hf_prompt_lookup-k5"] * 2 + ["ngram-k5"] * 4
     ngram.write_text(original)

@@ -122,7 +122,7 @@ def headline(frame: pd.DataFrame) -> str:
         })
     if not rows:
         return ""
-    return pd.DataFrame(rows).to_markdown(index=False)
+    return pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True)
 
 
 def peer_lines(frame: pd.DataFrame) -> list[str]:
