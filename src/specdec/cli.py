@@ -200,7 +200,7 @@ def cmd_generate(a):
 def cmd_report(a):
     from .report.tables import write_report
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme, a.checkpoints,
-                 out_rows=a.out_rows)
+                 out_rows=a.out_rows, out_csv=a.out_csv)
 
 
 def cmd_job_costs(a):
@@ -328,6 +328,7 @@ def _report_verbs(sub) -> None:
     s.add_argument("--summaries", nargs="+", required=True)
     s.add_argument("--out-tables", required=True)
     s.add_argument("--out-rows", help="the tidy results table (parquet)")
+    s.add_argument("--out-csv", help="the rows' main columns (CSV, for the Snakemake report)")
     s.add_argument("--plots-dir", required=True)
     s.add_argument("--readme-section", required=True)
     s.add_argument("--readme", help="README to patch between the results markers")

@@ -33,6 +33,9 @@ rule bench_torch:
         resamples=config["bench"].get("bootstrap_resamples", 10000),
         device=config["device"],
         threads=config["threads"],
+    threads: rule_threads("bench_torch")
+    resources:
+        **rule_resources("bench_torch"),
     conda:
         CONDA_ENV
     log:

@@ -4,6 +4,8 @@ import os
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
+
 SRC = Path(workflow.basedir) / "src" / "specdec"
 sys.path.insert(0, str(SRC.parent))  # the method registry, read at parse time
 from specdec import methods as registry  # noqa: E402
@@ -13,6 +15,37 @@ registry.check_config(config)  # every variant's parameters and checkpoint's set
 # PATH, so `.venv/bin/snakemake ...` works without activating the venv. --use-conda overrides it.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 CONDA_ENV = str(Path(workflow.basedir) / "envs" / ("cuda.yaml" if config["device"].startswith("cuda") else "cpu.yaml"))
+
+
+def _rule_spec(rule):
+    r = config["resources"]
+    return {**r["default"], **r.get("rules", {}).get(rule, {})}
+
+
+def rule_threads(rule):
+    """The cores a job claims from the scheduler. "all": every core Snakemake may use (--cores),
+    so that no other job runs beside it (the benchmarks: a timed job has the machine to itself,
+    whatever --cores is). A job's torch threads are the `threads` config key (0: every core the
+    job can see), not this claim."""
+    threads = _rule_spec(rule)["threads"]
+    if threads != "all":
+        return threads
+    try:
+        return workflow.cores
+    except WorkflowError:  # a cluster executor and no --cores: the profile's set-threads decides
+        return 1
+
+
+def rule_resources(rule):
+    """mem_mb, runtime (minutes), cpus_per_task (the threads, as cluster executors read them; a
+    profile sets it for "all") and, where the config asks for one, gpu (with its manufacturer)."""
+    spec = _rule_spec(rule)
+    out = {"mem_mb": spec["mem_mb"], "runtime": spec["runtime"]}
+    if spec["threads"] != "all":
+        out["cpus_per_task"] = spec["threads"]
+    if spec.get("gpu"):
+        out.update(gpu=spec["gpu"], gpu_manufacturer=spec.get("gpu_manufacturer", "nvidia"))
+    return out
 
 
 def target_dir(wildcards, input):

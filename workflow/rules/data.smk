@@ -20,6 +20,9 @@ rule chat_set:
         c=CHAT,
         device=config["device"],
         threads=config["threads"],
+    threads: rule_threads("chat_set")
+    resources:
+        **rule_resources("chat_set"),
     conda:
         CONDA_ENV
     log:
@@ -48,6 +51,9 @@ rule wiki_set:
     params:
         target=target_dir,
         w=WIKI,
+    threads: rule_threads("wiki_set")
+    resources:
+        **rule_resources("wiki_set"),
     conda:
         CONDA_ENV
     log:

