@@ -159,7 +159,7 @@ def generate_setup(a) -> tuple[str, dict]:
             raise ValueError(f"{a.config}: no methods.{a.method}.variants.{a.variant}")
         name = a.variant or next(iter(variants), None)
         if name is not None:
-            params = {k: v for k, v in variants[name].items() if k not in ("datasets", "dtypes")}
+            params = methods.variant_params(variants[name])
             if "checkpoint" in params:
                 params["checkpoint"] = f"checkpoints/{a.method}/{params['checkpoint']}"
         params.update(a.params)

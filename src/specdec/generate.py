@@ -67,11 +67,12 @@ class Generator:
         def on_tokens(tokens):
             new.extend(tokens)
             text = self.tokenizer.decode(new, skip_special_tokens=True)
-            if stream is not None and len(text) > len(shown[0]):
+            if len(text) > len(shown[0]):
                 stream(text[len(shown[0]):])
                 shown[0] = text
 
-        result = decode(self.target, ids, max_new_tokens, self.eos, self.proposer, on_tokens)
+        result = decode(self.target, ids, max_new_tokens, self.eos, self.proposer,
+                        on_tokens if stream is not None else None)
         stats = {"method": self.method or "baseline", "prompt_tokens": len(ids),
                  "new_tokens": len(result.output_ids), "wall_s": result.wall_s,
                  "tokens_per_s": len(result.output_ids) / result.wall_s if result.wall_s else None,

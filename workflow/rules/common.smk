@@ -135,10 +135,6 @@ def torch_method_summaries(root="results"):
     return out
 
 
-# keys of a variant that select where it runs; the rest are the method's parameters
-VARIANT_SCOPE = ("datasets", "dtypes")
-
-
 def variant_runs(method, variant, dataset, dtype=None):
     """A variant may narrow its method's data sets and dtypes (a draft_len sweep on one set)."""
     v = config["methods"][method]["variants"][variant]
@@ -214,12 +210,9 @@ def vllm_engine_args(wildcards):
 
 def variant_params(method, variant):
     try:
-        params = dict(config["methods"][method]["variants"][variant])
+        return registry.variant_params(config["methods"][method]["variants"][variant])
     except KeyError:
         raise ValueError(f"config: no methods.{method}.variants.{variant}")
-    for key in VARIANT_SCOPE:
-        params.pop(key, None)
-    return params
 
 
 def checkpoint_dir(method, name):

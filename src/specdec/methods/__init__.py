@@ -38,6 +38,9 @@ METHODS = {
 # Hugging Face peers -> the method whose checkpoints they load (None: no checkpoint)
 PEERS = {"hf_generate": None, "hf_prompt_lookup": None, "hf_assisted": "draft_model"}
 
+# keys of a config variant that select where it runs; the rest are the method's parameters
+VARIANT_SCOPE = ("datasets", "dtypes")
+
 HERE = Path(__file__).parent
 SRC = HERE.parent
 
@@ -83,6 +86,11 @@ def _check_fields(cls, values: dict, where: str) -> None:
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)} ({cls.__name__})")
+
+
+def variant_params(variant: dict) -> dict:
+    """A config variant's method parameters (its scope keys left out)."""
+    return {k: v for k, v in variant.items() if k not in VARIANT_SCOPE}
 
 
 def check_params(name: str, params: dict, where: str = "params") -> None:
@@ -179,8 +187,7 @@ def check_config(config: dict) -> None:
         if name not in METHODS and name not in PEERS:
             raise ValueError(f"config: methods.{name}: unknown method; known: {', '.join([*METHODS, *PEERS])}")
         for variant, params in spec["variants"].items():
-            params = {k: v for k, v in params.items() if k not in ("datasets", "dtypes")}
-            check_params(name, params, f"config: methods.{name}.variants.{variant}")
+            check_params(name, variant_params(params), f"config: methods.{name}.variants.{variant}")
     for name, checkpoints in config.get("train", {}).get("checkpoints", {}).items():
         for ckpt, settings in checkpoints.items():
             check_train_settings(name, settings, f"config: train.checkpoints.{name}.{ckpt}")

@@ -21,7 +21,6 @@ Checkpoint layout: the Hugging Face files (config.json, model.safetensors, token
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -31,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.records import write_json
-from ..train.checkpoint import CheckpointMismatch, target_signature
+from ..train.checkpoint import CheckpointMismatch, read_meta, target_signature
 from ..train.hidden import Sequence
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
@@ -238,12 +237,7 @@ def load_draft_lm(ckpt_dir: str, method: str, target_config, dtype=torch.float32
     """-> (specdec.json contents, model); refuses another method's checkpoint or another vocabulary."""
     from transformers import AutoConfig, AutoModelForCausalLM
     d = Path(ckpt_dir)
-    for name in ("manifest.json", "specdec.json", "config.json"):
-        if not (d / name).is_file():
-            raise FileNotFoundError(f"{d}: {method} checkpoint is missing {name}")
-    meta = json.loads((d / "specdec.json").read_text())
-    if meta.get("method") != method:
-        raise CheckpointMismatch(f"{d}/specdec.json: checkpoint is for method {meta.get('method')!r}, not {method!r}")
+    meta = read_meta(ckpt_dir, method, "specdec.json", ("manifest.json", "specdec.json", "config.json"))
     vocab = AutoConfig.from_pretrained(d).vocab_size
     if vocab != target_config.vocab_size:
         raise CheckpointMismatch(f"{d}/config.json: vocab_size is {vocab} but the target model's vocab_size "

@@ -35,12 +35,10 @@ def save_proposer(out_dir: str, method: str, settings: dict, state: dict[str, to
 def save_trained(out_dir: str, method: str, settings: dict, state: dict[str, torch.Tensor], target_config,
                  train_config: dict, log: list[dict], eval_proxy: dict, extra: dict | None = None) -> None:
     """save_proposer plus what every trained checkpoint records (training settings, time, log and
-    eval proxy); then the resume state is dropped."""
-    from .loop import finish
+    eval proxy). The training driver drops the resume state after the save."""
     save_proposer(out_dir, method, settings, state, target_config,
                   extra={**(extra or {}), "train": train_config, "train_seconds": log[-1]["elapsed_s"],
                          "eval_proxy": eval_proxy, "train_log": log})
-    finish(out_dir)
 
 
 def write_model_dir(out_dir: str, weights: dict[str, torch.Tensor], config: dict, manifest: dict,
@@ -60,16 +58,24 @@ def write_model_dir(out_dir: str, weights: dict[str, torch.Tensor], config: dict
         write_json(tmp / "manifest.json", manifest)
 
 
+def read_meta(ckpt_dir: str, method: str, meta_name: str, required: tuple[str, ...]) -> dict:
+    """A checkpoint's metadata (`meta_name`), after checking that `required` files are there and
+    that it was made for `method`."""
+    d = Path(ckpt_dir)
+    for name in required:
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"{d}: {method} checkpoint is missing {name}")
+    meta = json.loads((d / meta_name).read_text())
+    if meta.get("method") != method:
+        raise CheckpointMismatch(f"{d}/{meta_name}: checkpoint is for method {meta.get('method')!r}, not {method!r}")
+    return meta
+
+
 def load_proposer(ckpt_dir: str, method: str, target_config) -> tuple[dict, dict[str, torch.Tensor]]:
     """-> (config.json contents, state dict), after checking it was made for this method and a
     target of this shape; a mismatch names the field and both values."""
     d = Path(ckpt_dir)
-    for name in ("manifest.json", "config.json", "model.safetensors"):
-        if not (d / name).is_file():
-            raise FileNotFoundError(f"{d}: {method} checkpoint is missing {name}")
-    cfg = json.loads((d / "config.json").read_text())
-    if cfg.get("method") != method:
-        raise CheckpointMismatch(f"{d}: checkpoint is for method {cfg.get('method')!r}, not {method!r}")
+    cfg = read_meta(ckpt_dir, method, "config.json", ("manifest.json", "config.json", "model.safetensors"))
     want = target_signature(target_config)
     for field in ("hidden_size", "vocab_size"):
         have = cfg.get("target", {}).get(field)
