@@ -1,13 +1,16 @@
 """The contract every registered method meets, checked the same way for each (a new method gets
-these tests by registering): its declarations, lossless greedy decoding in fp32, a reused
-proposer equal to a fresh one, and for learned methods a checkpoint that reproduces its eval
-proxy, resumes, and refuses another target. Each method's EXAMPLE is the variant under test."""
+these tests by registering): its declarations, lossless greedy decoding in fp32, sampling that
+is lossless in distribution, a reused proposer equal to a fresh one, and for learned methods a
+checkpoint that reproduces its eval proxy, resumes, and refuses another target. Each method's
+EXAMPLE is the variant under test (and its vllm_params variant where that differs)."""
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import sampling_check
+import specdec.core.loop as core_loop
 from conftest import distillation_set, tiny_llama
 from specdec import methods
 from specdec.core.loop import decode
@@ -100,6 +103,51 @@ def test_lossless_in_fp32(method, world):
         assert ours.output_ids == run(TargetModel(world["model"]), rec["prompt_ids"]).output_ids, rec["id"]
         drafted += sum(ours.drafted)
     assert drafted > 0, f"{method} never drafted"
+
+
+def run_tokens(world, prompt, build, n):
+    """Greedy decode of n tokens with the proposer build(target) makes."""
+    target = TargetModel(world["model"])
+    with torch.inference_mode():
+        return decode(target, prompt, n, set(), build(target))
+
+
+SAMPLED_CASES = [(m, key) for m in methods.names() for key in ("params", "vllm_params")
+                 if key == "params" or methods.module(m).EXAMPLE.get(key, methods.module(m).EXAMPLE["params"])
+                 != methods.module(m).EXAMPLE["params"]]
+
+
+def sampled_distribution_test(method, key, world):
+    """(p-value, degrees of freedom, accepted, drafted) of the chi-square test of the method's
+    first sampled tokens against the target's exact joint distribution (tests/sampling_check.py)."""
+    def build(target):
+        return methods.build_proposer(method, example_params(method, world, key), target)
+
+    # a prompt on which the (barely trained) drafter's greedy drafts are accepted in the first
+    # tokens; each repeats its opening after the target's continuation, for prompt lookup
+    prompts = [r["prompt_ids"] + r["completion_ids"][:4] + r["prompt_ids"] for r in world["records"]]
+    prompt = next(p for p in prompts if sum(run_tokens(world, p, build, sampling_check.TOKENS).accepted))
+    joint = sampling_check.exact_joint(world["model"], prompt, sampling_check.settings())
+    counts, accepted, drafted = sampling_check.sample(world["model"], prompt, build)
+    return (*sampling_check.chi_square(counts, joint), accepted, drafted)
+
+
+@pytest.mark.parametrize("method, key", SAMPLED_CASES)
+def test_sampling_is_lossless_in_distribution(method, key, world):
+    """At T > 0 the first tokens follow the target's exact joint distribution, and the method's
+    drafts were both accepted and rejected."""
+    pvalue, df, accepted, drafted = sampled_distribution_test(method, key, world)
+    assert pvalue > sampling_check.ALPHA, f"{method} ({key}): p = {pvalue:.2g} over {df} degrees of freedom"
+    assert 0 < accepted < drafted, f"{method} ({key}): {accepted} of {drafted} drafts accepted"
+
+
+@pytest.mark.parametrize("method, key", SAMPLED_CASES)
+def test_sampling_test_catches_accepting_every_draft(method, key, world, monkeypatch):
+    """Negative control: with a verifier that accepts every draft, the same test fails."""
+    from test_sampling import always_accept
+    monkeypatch.setattr(core_loop, "verify_sampled", always_accept)
+    pvalue, df, _, _ = sampled_distribution_test(method, key, world)
+    assert pvalue < sampling_check.ALPHA, f"{method} ({key}): p = {pvalue:.2g} over {df} degrees of freedom"
 
 
 @pytest.mark.parametrize("method", methods.names())

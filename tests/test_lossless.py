@@ -18,7 +18,7 @@ class RandomChain:
     def __init__(self, seed, vocab=64, k=5):
         self.rng, self.vocab, self.k = random.Random(seed), vocab, k
 
-    def start(self, prompt_ids, hidden):
+    def start(self, prompt_ids, hidden, sampler=None):
         pass
 
     def propose(self, ids, max_depth=None):  # ignores max_depth: the loop prunes
@@ -43,7 +43,7 @@ class Oracle(RandomChain):
         super().__init__(seed)
         self.reference = reference
 
-    def start(self, prompt_ids, hidden):
+    def start(self, prompt_ids, hidden, sampler=None):
         self.prompt_len = len(prompt_ids)
 
     def propose(self, ids, max_depth=None):
@@ -119,7 +119,7 @@ def test_drafts_past_max_new_tokens_are_pruned(tiny_model):
         drafts_from_prompt = False
         asked = []
 
-        def start(self, prompt_ids, hidden):
+        def start(self, prompt_ids, hidden, sampler=None):
             self.prompt_len = len(prompt_ids)
 
         def propose(self, ids, max_depth=None):

@@ -1,8 +1,10 @@
 """One decode loop for every method: propose -> verify -> commit -> observe.
 
-With no proposer (or an empty draft) a step is plain greedy decoding: one target forward of the
-pending token. The autoregressive baseline is exactly that path, so a method's speedup measures
-its proposer and nothing else.
+With no proposer (or an empty draft) a step is plain decoding: one target forward of the pending
+token. The autoregressive baseline is exactly that path, so a method's speedup measures its
+proposer and nothing else. Greedy (no sampling, or temperature 0) takes argmaxes; with T > 0 the
+loop samples through one seeded Sampler per sequence and the verifier's rejection sampling keeps
+the output distributed as the target's own samples.
 """
 from __future__ import annotations
 
@@ -13,28 +15,34 @@ from typing import Protocol
 
 import torch
 
+from .sampling import Sampler, Sampling
 from .target import TargetModel
 from .tree import depths, is_chain
-from .verify import verify_chain, verify_tree
+from .verify import verify_chain, verify_sampled, verify_tree
 
 
 @dataclass
 class Draft:
     """Draft tokens after the pending token. parents[i] == -1 attaches token i to the pending
-    token; otherwise parents[i] < i indexes another draft token. A chain is [-1, 0, 1, ...]."""
+    token; otherwise parents[i] < i indexes another draft token. A chain is [-1, 0, 1, ...].
+    q (sampling only): (len(tokens), V), q[i] the processed draft distribution token i was drawn
+    from; None: each token is a point mass (a deterministic draft)."""
     tokens: list[int]
     parents: list[int]
+    q: torch.Tensor | None = None
 
     def __post_init__(self):
         if len(self.tokens) != len(self.parents):
             raise ValueError(f"draft has {len(self.tokens)} tokens but {len(self.parents)} parents")
+        if self.q is not None and self.q.shape[0] != len(self.tokens):
+            raise ValueError(f"draft has {len(self.tokens)} tokens but {self.q.shape[0]} draft distributions")
         for i, p in enumerate(self.parents):
             if not -1 <= p < i:
                 raise ValueError(f"draft token {i} has parent {p}: parents must come first (or be -1)")
 
     @classmethod
-    def chain(cls, tokens: list[int]) -> Draft:
-        return cls(list(tokens), list(range(-1, len(tokens) - 1)))
+    def chain(cls, tokens: list[int], q: torch.Tensor | None = None) -> Draft:
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -47,7 +55,7 @@ class Draft:
             return self
         index = {i: j for j, i in enumerate(kept)}
         parents = [-1 if self.parents[i] < 0 else index[self.parents[i]] for i in kept]
-        return Draft([self.tokens[i] for i in kept], parents)
+        return Draft([self.tokens[i] for i in kept], parents, None if self.q is None else self.q[kept])
 
 
 def draft_limit(draft_len: int, max_depth: int | None) -> int:
@@ -71,7 +79,11 @@ class Proposer(Protocol):
     # propose() is first called with ids == the prompt, its last token pending
     drafts_from_prompt: bool
 
-    def start(self, prompt_ids: list[int], hidden: dict[int, torch.Tensor] | None) -> None: ...
+    def start(self, prompt_ids: list[int], hidden: dict[int, torch.Tensor] | None,
+              sampler: Sampler | None = None) -> None:
+        """A new sequence. `sampler` (T > 0): a drafter that samples its drafts draws them with
+        it, from sampler.probs(its logits), and returns those distributions as Draft.q; None:
+        greedy decoding, draft the argmaxes."""
 
     def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
         """Draft a continuation of `ids` (prompt + every emitted token, the last one pending).
@@ -93,28 +105,30 @@ class DecodeResult:
     depth: list[int] = field(default_factory=list)     # draft depth per step (chain: its length)
 
 
-def _argmax(logits: torch.Tensor) -> list[int]:
-    return logits.argmax(dim=-1).tolist()
+def _next_token(logits: torch.Tensor, sampler: Sampler | None) -> int:
+    """The target's token after one position's (V,) logits: its argmax, or a sample."""
+    return int(logits.argmax()) if sampler is None else sampler.draw(sampler.probs(logits))
 
 
-def _verify_step(target: TargetModel, pending: int, draft: Draft | None, taps):
-    """One target forward of the pending token and the draft (a plain greedy step without one).
+def _verify_step(target: TargetModel, pending: int, draft: Draft | None, taps, sampler: Sampler | None):
+    """One target forward of the pending token and the draft (a plain decoding step without one).
     Returns (emitted tokens: accepted drafts + the target's next token, accepted path length
     including the pending token, hidden taps of the accepted path, draft depth)."""
     if not draft:
-        # plain greedy step: the baseline's whole loop body
+        # plain decoding step: the baseline's whole loop body
         logits, hidden = target.forward([pending], None, taps)
         target.commit(None)
-        return _argmax(logits), 1, hidden, 0
+        return [_next_token(logits[-1], sampler)], 1, hidden, 0
     nodes = [pending] + draft.tokens
     parents = [-1] + [p + 1 for p in draft.parents]
     chain = is_chain(parents)
     logits, hidden = target.forward(nodes, None if chain else parents, taps)
-    target_next = _argmax(logits)
-    if chain:
-        path, nxt = verify_chain(draft.tokens, target_next)
+    if sampler is not None:
+        path, nxt = verify_sampled(nodes, parents, draft.q, sampler.probs(logits), sampler)
+    elif chain:
+        path, nxt = verify_chain(draft.tokens, logits.argmax(dim=-1).tolist())
     else:
-        path, nxt = verify_tree(nodes, parents, target_next)
+        path, nxt = verify_tree(nodes, parents, logits.argmax(dim=-1).tolist())
     target.commit(path)  # keep only the accepted path's KV
     if hidden is not None:
         index = torch.tensor(path)
@@ -136,11 +150,14 @@ def _stop(emitted: list[int], room: int, eos_ids: set[int]) -> list[int]:
 @torch.inference_mode()
 def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
            eos_ids: set[int], proposer: Proposer | None = None,
-           on_tokens: Callable[[list[int]], None] | None = None) -> DecodeResult:
-    """Greedy decoding of up to max_new_tokens (stopping after an EOS), with `proposer`'s drafts
-    verified each step. `on_tokens` gets each step's new tokens as they are emitted (streaming)."""
+           on_tokens: Callable[[list[int]], None] | None = None,
+           sampling: Sampling | None = None) -> DecodeResult:
+    """Decoding of up to max_new_tokens (stopping after an EOS), with `proposer`'s drafts verified
+    each step: greedy, or sampled when `sampling` has T > 0 (seeded: a seed repeats the output).
+    `on_tokens` gets each step's new tokens as they are emitted (streaming)."""
     clock = time.perf_counter
     t0 = clock()
+    sampler = None if sampling is None or sampling.greedy else Sampler(sampling, target.device)
     taps = proposer.tap_layers if proposer is not None else ()
     res = DecodeResult([], 0.0, None, 0.0)
     out = res.output_ids
@@ -157,7 +174,7 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
         pending, hidden = prompt_ids[-1], None
     else:
         logits, hidden = target.prefill(prompt_ids, taps)
-        pending = _argmax(logits[-1])
+        pending = _next_token(logits[-1], sampler)
         out.append(pending)
         res.ttft_s = clock() - t0
         if on_tokens is not None:
@@ -166,7 +183,7 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
     draft_s = 0.0
     if proposer is not None:
         t = clock()
-        proposer.start(list(prompt_ids), hidden)
+        proposer.start(list(prompt_ids), hidden, sampler)
         draft_s += clock() - t
 
     while len(out) < max_new_tokens and (not out or pending not in eos_ids):
@@ -179,7 +196,7 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
             draft_s += clock() - t
             if draft:
                 draft = draft.prune(max_depth)
-        emitted, path_len, hidden, depth = _verify_step(target, pending, draft, taps)
+        emitted, path_len, hidden, depth = _verify_step(target, pending, draft, taps, sampler)
         emitted = _stop(emitted, max_new_tokens - len(out), eos_ids)
         res.drafted.append(len(draft) if draft else 0)
         res.depth.append(depth)

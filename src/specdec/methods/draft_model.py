@@ -80,25 +80,31 @@ class DraftModelProposer:
         self._fed = 0      # length of the sequence (prompt + emitted) when the last draft was made
         self._drafted = 0  # tokens in that draft
 
-    def start(self, prompt_ids, hidden) -> None:
+    def start(self, prompt_ids, hidden, sampler=None) -> None:
+        self.sampler = sampler
         self.draft.prefill([])  # an empty cache: the first propose() feeds the whole prompt
 
     def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
         d = self.draft
         new = ids[d.cached:]                     # tokens the draft has not seen, the pending one last
-        tokens = []
+        tokens, qs = [], []
         for _ in range(draft_limit(self.cfg.draft_len, max_depth)):
             logits, _ = d.forward(new, logits_to_keep=1)   # only the last position's logits are used
             d.commit(None)
             last = logits[-1]
-            tokens.append(int(last.argmax()))
+            if self.sampler is None:
+                tokens.append(int(last.argmax()))
+                confidence = self.cfg.confidence_threshold and torch.softmax(last.float(), -1)[tokens[-1]]
+            else:
+                qs.append(self.sampler.probs(last))      # draw x ~ q, and tell the verifier q
+                tokens.append(self.sampler.draw(qs[-1]))
+                confidence = qs[-1][tokens[-1]]
             new = tokens[-1:]
-            if self.cfg.confidence_threshold and \
-                    torch.softmax(last.float(), -1)[tokens[-1]] < self.cfg.confidence_threshold:
+            if self.cfg.confidence_threshold and confidence < self.cfg.confidence_threshold:
                 break  # the draft is unsure: verify what we have
         # the cache now holds ids + tokens[:-1]
         self._fed, self._drafted = len(ids), len(tokens)
-        return Draft.chain(tokens)
+        return Draft.chain(tokens, torch.stack(qs) if qs else None)
 
     def observe(self, step: StepResult) -> None:
         # draft token i (0-based) was an input at position _fed + i; inputs stay valid while they

@@ -282,6 +282,7 @@ class Eagle3Proposer:
         self.drafter = load_module(cfg.checkpoint, model).to(target.device, target.dtype).eval()
         self.tap_layers = tuple(self.drafter.taps)
         self.embed, self.rotary = model.model.embed_tokens, model.model.rotary_emb
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]   # the target's (q's) vocabulary
         self.dtype, self.device = target.dtype, target.device
         V = len(self.drafter.draft_vocab)
         self.draft_shape = (f"chain {cfg.draft_len}" if cfg.tree_topk == 1 else
@@ -291,7 +292,10 @@ class Eagle3Proposer:
     def _fuse(self, hidden) -> torch.Tensor:
         return self.drafter.fc(torch.cat([hidden[t] for t in self.tap_layers], dim=-1))
 
-    def start(self, prompt_ids, hidden) -> None:
+    def start(self, prompt_ids, hidden, sampler=None) -> None:
+        # T > 0: chain mode draws each token from the processed draft distribution (Draft.q);
+        # tree mode keeps its top-k candidates (point masses for the verifier)
+        self.sampler = sampler if self.cfg.tree_topk == 1 else None
         self.cache = new_cache(self.drafter.layer_config)
         self.committed = 0              # exact rows in the cache (positions 0..committed-1)
         self.queue = self._fuse(hidden)  # fused features of verified positions not yet run
@@ -314,9 +318,10 @@ class Eagle3Proposer:
         self.committed, self.queue = n - 1, self.queue[:0]
         c = n - 1
         # candidates: token, cumulative log-prob, parent candidate (-1: the pending token), depth
-        top = logp[-1].topk(k)
-        tok = self.drafter.draft_vocab[top.indices].tolist()
-        score, parent, depth = top.values.tolist(), [-1] * k, [1] * k
+        qs = []
+        values, indices = self._candidates(logp[-1:], qs)
+        tok = self.drafter.draft_vocab[indices[0]].tolist()
+        score, parent, depth = values[0].tolist(), [-1] * k, [1] * k
         state = o[-1:].expand(k, -1)   # the state each candidate's expansion row reads
         frontier = list(range(k))
         rows_parent, cand_row = [], [-1] * k  # expansion rows (a forest over the cache); row that made each
@@ -331,10 +336,10 @@ class Eagle3Proposer:
             mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, torch.finfo(self.dtype).min)
             pos = torch.full((1, len(frontier)), n - 2 + d, device=self.device)
             o, logp = self._run(state, [tok[f] for f in frontier], pos, mask[None, None].to(self.device))
-            top = logp.topk(k, dim=-1)                                   # (frontier, k)
+            values, indices = self._candidates(logp, qs)                # (frontier, k)
             parent_score = torch.tensor([score[f] for f in frontier], device=logp.device)
-            child_score = (parent_score[:, None] + top.values).flatten()
-            child_tok = self.drafter.draft_vocab[top.indices.flatten()].tolist()
+            child_score = (parent_score[:, None] + values).flatten()
+            child_tok = self.drafter.draft_vocab[indices.flatten()].tolist()
             first = len(tok)
             for i, f in enumerate(frontier):
                 for j in range(k):
@@ -354,7 +359,23 @@ class Eagle3Proposer:
         chosen = sorted(range(len(tok)), key=lambda i: (-score[i], depth[i]))[: self.nodes]
         chosen.sort(key=lambda i: (depth[i], i))
         index = {cand: i for i, cand in enumerate(chosen)}
-        return Draft([tok[i] for i in chosen], [-1 if parent[i] < 0 else index[parent[i]] for i in chosen])
+        q = None
+        if qs:   # chain mode at T > 0: candidate i is draft token i, drawn from qs[i]
+            q = torch.zeros(len(chosen), self.vocab_size, device=self.device)
+            q[:, self.drafter.draft_vocab.to(self.device)] = torch.cat(qs)[chosen]
+        return Draft([tok[i] for i in chosen], [-1 if parent[i] < 0 else index[parent[i]] for i in chosen], q)
+
+    def _candidates(self, logp: torch.Tensor, qs: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, draft vocab) log-probs -> the k candidates per row: (log-probs, draft-vocab
+        indices), each (rows, k). Greedy or tree: the k best. Chain at T > 0: one token drawn
+        from the processed draft distribution, which is appended to `qs`."""
+        if self.sampler is None:
+            top = logp.topk(self.cfg.tree_topk, dim=-1)
+            return top.values, top.indices
+        probs = self.sampler.probs(logp)                     # (rows, draft vocab)
+        qs.append(probs)
+        indices = torch.multinomial(probs, 1, generator=self.sampler.generator)
+        return logp.gather(-1, indices), indices
 
 
 PARAMS = Eagle3Config

@@ -258,7 +258,8 @@ class MedusaProposer:
                             f"expected {self.expected_accepted:.2f} accepted/step ({meta['calibration']} calibration)")
         self._h = None
 
-    def start(self, prompt_ids, hidden) -> None:
+    def start(self, prompt_ids, hidden, sampler=None) -> None:
+        # the tree holds each head's top-k tokens at any temperature: point masses for the verifier
         self._h = self.norm(hidden[self.tap_layers[0]][-1])
 
     def observe(self, step: StepResult) -> None:

@@ -181,7 +181,8 @@ class MTPProposer:
         self.tap_layers = (target.num_layers,)
         self.draft_shape = f"chain {self.steps} (MTP modules)"
 
-    def start(self, prompt_ids, hidden) -> None:
+    def start(self, prompt_ids, hidden, sampler=None) -> None:
+        self.sampler = sampler
         self.caches = [new_cache(self.mtp.layer_config) for _ in range(self.steps)]
         self.committed = [0] * self.steps               # exact positions in each module's cache
         self.queue = [hidden[self.tap_layers[0]]] + [None] * (self.steps - 1)  # verified inputs not yet run
@@ -201,11 +202,17 @@ class MTPProposer:
         n = len(ids)                  # positions 0..n-1; n-1 is the pending token
         seq = list(ids)
         spec = None                   # outputs of the previous module at draft-dependent positions
+        qs = []                       # T > 0: the distribution each draft token was drawn from
         for k in range(self.steps):   # module k+1 at position j reads token j+k+1, predicts j+k+2
             c, exact = self.committed[k], self.queue[k]
             rows = exact if spec is None else torch.cat([exact, spec])  # inputs of positions c..n-2
             out = self._run(k, rows, seq[c + k + 1: n + k])
-            seq.append(int(self.lm_head(out[-1]).argmax()))  # draft token n+k, from position n-2
+            logits = self.lm_head(out[-1])                    # draft token n+k, from position n-2
+            if self.sampler is None:
+                seq.append(int(logits.argmax()))
+            else:
+                qs.append(self.sampler.probs(logits))
+                seq.append(self.sampler.draw(qs[-1]))
             # this module is draft-free at positions j <= n-2-k: keep those, crop the rest
             keep = n - 1 - k - c
             if keep < len(rows):
@@ -217,7 +224,7 @@ class MTPProposer:
                 done = out[:keep]
                 self.queue[k + 1] = done if self.queue[k + 1] is None else torch.cat([self.queue[k + 1], done])
                 spec = out[keep:]
-        return Draft.chain(seq[n:])
+        return Draft.chain(seq[n:], torch.stack(qs) if qs else None)
 
 
 PARAMS = MTPConfig

@@ -38,7 +38,8 @@ class NgramProposer:
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> end position of its latest occurrence
         self.indexed = 0  # n-grams ending before this position are in the index
 
-    def start(self, prompt_ids, hidden=None) -> None:
+    def start(self, prompt_ids, hidden=None, sampler=None) -> None:
+        # drafts are copies of earlier tokens: point masses, lossless under sampling too
         self.ids, self.index, self.indexed = [], {}, 0
 
     def _index_until(self, end: int) -> None:

@@ -161,7 +161,8 @@ class PardProposer:
         self.draft_shape = (f"chain k={cfg.draft_len} from one draft forward, "
                             f"draft LM of {self.draft.num_layers} layers")
 
-    def start(self, prompt_ids, hidden) -> None:
+    def start(self, prompt_ids, hidden, sampler=None) -> None:
+        self.sampler = sampler
         self.draft.prefill([])  # an empty cache: the first propose() feeds the whole prompt
 
     def propose(self, ids: list[int], max_depth: int | None = None) -> Draft | None:
@@ -170,7 +171,12 @@ class PardProposer:
         # drafts: the outputs at the last real token and the k-1 masks (LM head on those k only)
         logits, _ = d.forward(new + [self.pard_token] * (k - 1), logits_to_keep=k)
         d.commit(list(range(len(new))))                       # drop the masks' KV
-        return Draft.chain(logits.argmax(-1).tolist())
+        if self.sampler is None:
+            return Draft.chain(logits.argmax(-1).tolist())
+        # position i's token drawn from its own q_i (given the context, not the earlier drafts)
+        q = self.sampler.probs(logits)                                         # (k, V)
+        tokens = torch.multinomial(q, 1, generator=self.sampler.generator)[:, 0]
+        return Draft.chain(tokens.tolist(), q)
 
     def observe(self, step: StepResult) -> None:
         pass  # the cache holds verified tokens only; propose() feeds what was accepted since

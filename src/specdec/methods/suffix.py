@@ -173,7 +173,8 @@ class SuffixProposer:
         if self.cache is not None and self.local is not None:
             self.cache.add(self.ids[self.prompt_len:])
 
-    def start(self, prompt_ids, hidden=None) -> None:
+    def start(self, prompt_ids, hidden=None, sampler=None) -> None:
+        # drafts are continuations seen before: point masses, lossless under sampling too
         self._finish_request()
         self.local = SuffixTrie(self.cfg.max_tree_depth)
         self.active = self.local.start_sequence()
