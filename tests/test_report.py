@@ -77,6 +77,37 @@ def test_report_rows_tables_plots_and_readme(tmp_path):
         assert (tmp_path / "plots" / f"{png}.png").stat().st_size > 1000
 
 
+def test_sampled_rows_beside_the_greedy_ones(tmp_path):
+    """A set sampled at T > 0 over the held-out prompts: its own section after the greedy one,
+    titled from it, a column of the headline table, no token-by-token matches."""
+    def at(s, dataset, t=None):
+        s["dataset"] = dataset
+        s["settings"]["prompts_file"] = "data/chat/eval_heldout.jsonl"
+        if t is not None:
+            s["settings"]["sampling"] = {"temperature": t, "top_p": 1.0, "top_k": 0, "seed": 0}
+            s["matches_baseline"] = None
+        return s
+    paths = write(tmp_path, [
+        at(summary("ngram/k5", "bfloat16", 1.5, dataset="chat_heldout", requested="auto"), "chat_heldout"),
+        at(summary("ngram/k5", "bfloat16", 1.3, requested="auto", ci=[1.2, 1.4]), "chat_heldout_t07", 0.7),
+        at(summary("ngram/k5", "bfloat16", 1.1, backend="vllm", requested="auto"), "chat_heldout_t07", 0.7),
+    ])
+    write_report(paths, str(tmp_path / "tables.md"), str(tmp_path / "plots"), str(tmp_path / "section.md"),
+                 out_rows=str(tmp_path / "rows.parquet"))
+    rows = pd.read_parquet(tmp_path / "rows.parquet")
+    assert sorted(rows["temperature"]) == [0.0, 0.7, 0.7] and rows["headline"].sum() == 1
+    tables = (tmp_path / "tables.md").read_text()
+    head = tables.split("## Headline")[1].split("\n## ")[0]
+    assert "Held-out T=0.7 speedup [95% CI]" in head and "1.30x [1.20, 1.40]" in head
+    greedy = tables.index("## Chat, held-out prompts (disjoint from training)\n")
+    sampled = tables.index("## Chat, held-out prompts (disjoint from training), sampled at T = 0.7 (top-p 1, "
+                           "top-k off, prompt i with seed 0 + i)")
+    assert greedy < sampled
+    section = tables[sampled:].split("\n## ")[0]
+    lines = [line for line in section.splitlines() if line.startswith(("| PyTorch", "| vLLM"))]
+    assert len(lines) == 2 and all(line.split("|")[-2].strip() == "-" for line in lines)   # no matches
+
+
 def test_two_summaries_for_one_row_are_an_error(tmp_path):
     paths = write(tmp_path, [summary("ngram/k5", speedup=2.0), summary("ngram/k5", speedup=2.1)])
     with pytest.raises(ValueError, match="two summaries for one row"):

@@ -114,7 +114,7 @@ def cmd_bench_torch(a):
                     out_summary=a.out_summary, limit=a.limit, max_new_tokens=a.max_new_tokens,
                     warmup=a.warmup, dtype=a.dtype, device=a.device, threads=a.threads,
                     resamples=a.resamples, counterpart=a.counterpart,
-                    counterpart_params=a.counterpart_params)
+                    counterpart_params=a.counterpart_params, sampling=a.sampling)
     keys = ("throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline")
     print(json.dumps({k: s.get(k) for k in keys}))
 
@@ -128,7 +128,7 @@ def cmd_bench_vllm(a):
                    gpu_memory_utilization=a.gpu_memory_utilization,
                    kv_cache_memory_bytes=a.kv_cache_memory_bytes, max_model_len=a.max_model_len,
                    rounds=a.rounds, resamples=a.resamples, model_dir=a.model,
-                   draft_dir=a.draft_model, in_process=a.in_process)
+                   draft_dir=a.draft_model, in_process=a.in_process, sampling=a.sampling)
     keys = ("throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline", "error")
     print(json.dumps({k: s.get(k) for k in keys}))
 
@@ -182,13 +182,15 @@ def generate_setup(a) -> tuple[str, dict]:
 
 
 def cmd_generate(a):
+    from .core.sampling import Sampling
     from .generate import Generator
     from .models import set_threads
     set_threads(a.threads)
     target, params = generate_setup(a)
     gen = Generator.load(target, a.method, params, a.dtype, a.device)
+    sampling = Sampling(a.temperature, a.top_p, a.top_k, a.seed)
     result = gen.generate(a.prompt, a.max_new_tokens, chat=not a.raw,
-                          stream=lambda piece: print(piece, end="", flush=True))
+                          stream=lambda piece: print(piece, end="", flush=True), sampling=sampling)
     print(flush=True)
     s = result.stats
     rate = "-" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
@@ -228,6 +230,8 @@ def add_bench_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--warmup", type=int, default=1)
     s.add_argument("--dtype", default="auto", help="auto: the host's speed dtype (specdec.host)")
     s.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples of the speedup's interval")
+    s.add_argument("--sampling", type=_json, default={},
+                   help='JSON {"temperature", "top_p", "top_k", "seed"}; absent or temperature 0: greedy')
 
 
 def _data_verbs(sub) -> None:
@@ -362,6 +366,10 @@ def _generate_verb(sub) -> None:
     s.add_argument("--config", default="config.yaml", help="where the target and the variants are read")
     s.add_argument("--max-new-tokens", type=int, default=128)
     s.add_argument("--raw", action="store_true", help="the prompt as raw text, without the chat template")
+    s.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=0, help="0: off")
+    s.add_argument("--seed", type=int, default=0, help="the same seed gives the same text")
     _device_args(s, dtype="auto")
     s.set_defaults(func=cmd_generate)
 

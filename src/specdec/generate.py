@@ -8,8 +8,9 @@ prompt, with the acceptance and speed of the run.
     result = gen.generate("Why is the sky blue?", max_new_tokens=64)
     print(result.text, result.stats["tau"], result.stats["tokens_per_s"])
 
-Decoding is greedy, so the text is the target's own greedy continuation whatever the method:
-the method changes only how fast it comes.
+Greedy by default, so the text is the target's own greedy continuation whatever the method: the
+method changes only how fast it comes. With `sampling=Sampling(temperature=0.7, seed=1)` the
+text is a sample from the target's distribution, again whatever the method (core/verify.py).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from .core.loop import decode
 from .core.metrics import acceptance_stats
+from .core.sampling import Sampling
 from .core.target import TargetModel
 
 
@@ -57,9 +59,9 @@ class Generator:
         return self.tokenizer.encode(prompt, add_special_tokens=False)
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 128, chat: bool = True,
-                 stream: Callable[[str], None] | None = None) -> Generation:
-        """Greedy continuation of `prompt` (text, or token ids as they are). `stream` gets the new
-        text piece by piece as the steps emit it."""
+                 stream: Callable[[str], None] | None = None, sampling: Sampling | None = None) -> Generation:
+        """Continuation of `prompt` (text, or token ids as they are): greedy, or sampled with
+        `sampling`. `stream` gets the new text piece by piece as the steps emit it."""
         ids = list(prompt) if isinstance(prompt, list) else self.prompt_ids(prompt, chat)
         new: list[int] = []
         shown = [""]
@@ -72,7 +74,7 @@ class Generator:
                 shown[0] = text
 
         result = decode(self.target, ids, max_new_tokens, self.eos, self.proposer,
-                        on_tokens if stream is not None else None)
+                        on_tokens if stream is not None else None, sampling)
         stats = {"method": self.method or "baseline", "prompt_tokens": len(ids),
                  "new_tokens": len(result.output_ids), "wall_s": result.wall_s,
                  "tokens_per_s": len(result.output_ids) / result.wall_s if result.wall_s else None,

@@ -7,7 +7,7 @@
 wildcard_constraints:
     root="results|results/rerun",
     dtype="auto|float32|bfloat16|float16",
-    dataset="chat_heldout|chat_overlap|wiki",
+    dataset=BENCH_DATASETS,
     method="[a-z][a-z0-9_]*",
     name="[A-Za-z0-9_.]+",
     variant="[A-Za-z0-9_.]+",
@@ -16,7 +16,7 @@ wildcard_constraints:
 rule bench_torch:
     input:
         target=TARGET,
-        prompts=lambda wc: DATASET_FILES[wc.dataset],
+        prompts=dataset_prompts,
         code=CORE_SOURCES,
         method_code=lambda wc: method_sources(wc.method),
         checkpoint=method_checkpoint,
@@ -27,6 +27,7 @@ rule bench_torch:
         target=target_dir,
         method_params=method_params,
         counterpart=counterpart_args,
+        sampling=sampling_args,
         limit=lambda wc: bench_setting(wc.dataset, wc.dtype, "prompts"),
         max_new=lambda wc: bench_setting(wc.dataset, wc.dtype, "max_new_tokens"),
         warmup=config["bench"]["warmup_prompts"],
@@ -47,5 +48,5 @@ rule bench_torch:
         " --method {wildcards.method} --variant {wildcards.variant} --params '{params.method_params}'"
         " {params.counterpart} --limit {params.limit} --max-new-tokens {params.max_new}"
         " --warmup {params.warmup} --resamples {params.resamples} --dtype {wildcards.dtype}"
-        " --device {params.device} --threads {params.threads}"
+        " --device {params.device} --threads {params.threads} {params.sampling}"
         " --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"

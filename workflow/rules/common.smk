@@ -51,11 +51,46 @@ def rule_resources(rule):
 def target_dir(wildcards, input):
     return os.path.dirname(input.target)
 
+# the prompt sets the data stage writes; a benchmark set reads one (bench.datasets.X.prompts_from)
 DATASET_FILES = {
     "chat_heldout": "data/chat/eval_heldout.jsonl",
     "chat_overlap": "data/chat/eval_overlap.jsonl",
     "wiki": "data/wiki/eval.jsonl",
 }
+BENCH_DATASETS = "|".join(config["bench"]["datasets"])
+
+
+def check_dataset_names():
+    """Every data set a method, a variant or vLLM names is a bench.datasets entry."""
+    known = set(config["bench"]["datasets"])
+    named = []
+    for method, spec in config["methods"].items():
+        named += [(f"methods.{method}.datasets", d) for d in spec["datasets"]]
+        for variant, v in spec["variants"].items():
+            named += [(f"methods.{method}.variants.{variant}.datasets", d) for d in v.get("datasets", [])]
+    vllm_sets = (config.get("vllm") or {}).get("datasets", [])
+    named += [("vllm.datasets", d) for d in vllm_sets]
+    for where, d in named:
+        if d not in known:
+            raise ValueError(f"config: {where}: {d!r} is not in bench.datasets ({', '.join(sorted(known))})")
+
+
+check_dataset_names()
+
+
+def dataset_prompts(wildcards):
+    """The prompt file of benchmark set X: bench.datasets.X.prompts_from, or its own name."""
+    source = config["bench"]["datasets"][wildcards.dataset].get("prompts_from", wildcards.dataset)
+    if source not in DATASET_FILES:
+        raise ValueError(f"config: bench.datasets.{wildcards.dataset}: no prompt set {source!r} "
+                         f"(set prompts_from to one of {sorted(DATASET_FILES)})")
+    return DATASET_FILES[source]
+
+
+def sampling_args(wildcards):
+    """--sampling for a set sampled at T > 0 (bench.datasets.X.sampling); none: greedy."""
+    sampling = config["bench"]["datasets"][wildcards.dataset].get("sampling")
+    return f"--sampling '{json.dumps(sampling)}'" if sampling else ""
 TARGET_DIR = f"checkpoints/{config['target']['name']}"
 TARGET = f"{TARGET_DIR}/manifest.json"  # written last: the checkpoint is complete
 
@@ -158,6 +193,8 @@ def vllm_plan():
                 if d in config["methods"].get(method, {}).get("datasets", [d]):
                     plan[d].append(m)
     for d, ms in plan.items():
+        if d not in config["bench"]["datasets"]:
+            raise ValueError(f"config: vllm.datasets: {d} is not in bench.datasets")
         for m in ms:
             method, _, variant = m.partition("/")
             if method not in config["methods"] or (variant and variant not in config["methods"][method]["variants"]):
@@ -173,6 +210,8 @@ def vllm_summaries(root="results"):
     out = []
     for mode in config["vllm"]["modes"]:
         for dataset, methods in vllm_plan().items():
+            if mode not in config["bench"]["datasets"][dataset].get("vllm_modes", [mode]):
+                continue
             for entry in methods:   # a method (each of its variants) or method/variant
                 method, _, only = entry.partition("/")
                 for variant in [only] if only else config["methods"][method]["variants"]:

@@ -33,7 +33,7 @@ rule export_vllm:
 rule bench_vllm:
     input:
         target=TARGET,
-        prompts=lambda wc: DATASET_FILES[wc.dataset],
+        prompts=dataset_prompts,
         code=VLLM_SOURCES,
         method_code=lambda wc: method_sources(wc.method),  # its vLLM mapping
         export=vllm_export,
@@ -47,6 +47,7 @@ rule bench_vllm:
         limit=lambda wc: bench_setting(wc.dataset, config["vllm"]["dtype"], "prompts"),
         max_new=lambda wc: bench_setting(wc.dataset, config["vllm"]["dtype"], "max_new_tokens"),
         engine=vllm_engine_args,
+        sampling=sampling_args,
         resamples=config["bench"].get("bootstrap_resamples", 10000),
     threads: rule_threads("bench_vllm")
     resources:
@@ -62,4 +63,5 @@ rule bench_vllm:
         " --dataset {wildcards.dataset} --method {wildcards.method} --variant {wildcards.variant} {params.model}"
         " --params '{params.method_params}' --mode {wildcards.mode}"
         " --limit {params.limit} --max-new-tokens {params.max_new} {params.engine} --resamples {params.resamples}"
+        " {params.sampling}"
         " --out-records {output.records} --out-summary {output.summary} > {log} 2>&1"

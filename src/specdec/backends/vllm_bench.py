@@ -13,6 +13,8 @@ processes: on a 2-core CPU that saves two process start-ups per job and the per-
 inter-process hops. The full-scale GPU config keeps vLLM's default.
 Acceptance comes from vLLM's own counters (`llm.get_metrics()`), as differences between snapshots
 taken around the measured pass. If vLLM refuses a method, the summary says why, in vLLM's words.
+Sampled rows (T > 0) give prompt i the seed seed + i in both engines and ignore EOS, as the
+PyTorch rows do.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from tqdm import tqdm
 
 from .. import methods
 from ..core.metrics import attach_baseline, environment, make_record, summarize
+from ..core.sampling import Sampling
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
 
@@ -94,17 +97,20 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
                max_new_tokens: int = 64, warmup: int = 1, dtype: str = "auto", max_num_seqs: int = 1,
                gpu_memory_utilization: float = 0.85, kv_cache_memory_bytes: int | None = None,
                max_model_len: int = 4096, rounds: int = 4, resamples: int = 10000, seed: int = 0,
-               model_dir: str | None = None, draft_dir: str | None = None, in_process: bool = False) -> dict:
+               model_dir: str | None = None, draft_dir: str | None = None, in_process: bool = False,
+               sampling: dict | None = None) -> dict:
     """The method's engine and the baseline's, both in this process, timed alternately: serial
     mode prompt by prompt (order flipped every prompt), batched mode in `rounds` rounds of the
     whole batch per engine, in ABBA order. `model_dir` replaces the target as the method's served
     model (an MTP export holds the target's weights plus its MTP layers); `draft_dir` is a draft
-    LM's or the EAGLE-3 drafter's export."""
+    LM's or the EAGLE-3 drafter's export. `sampling`: core.sampling.Sampling fields (greedy when
+    absent)."""
     if mode not in ("serial", "batched"):
         raise ValueError(f"vLLM mode must be serial or batched, got {mode!r}")
     if method == "baseline":
         raise ValueError("the baseline engine runs inside every method's job; benchmark a method")
     spec = methods.vllm_config(method, params, draft_dir or model_dir)
+    sampled = Sampling(**(sampling or {}))
     prompts = read_prompts(prompts_path, limit)
     label = method if variant is None else f"{method}/{variant}"
     fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens <= max_model_len]
@@ -117,7 +123,8 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
                 "max_model_len": max_model_len, "max_new_tokens": max_new_tokens, "warmup_prompts": warmup,
                 "rounds": rounds if mode == "batched" else None, "prompts_file": str(prompts_path),
                 "target": str(target_dir), "model": str(model_dir or target_dir), "limit": limit, "seed": seed,
-                "in_process": in_process, "ld_preload": os.environ.get("LD_PRELOAD") or None}
+                "in_process": in_process, "ld_preload": os.environ.get("LD_PRELOAD") or None,
+                "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
     engine_kwargs = {"dtype": dt["dtype"], "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
                      "enforce_eager": True, "seed": seed, "disable_log_stats": False}
     if kv_cache_memory_bytes:
@@ -139,11 +146,16 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
     except Exception:
         return _refused(label, dataset, settings, out_records, out_summary)
 
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+    if sampled.greedy:
+        per_prompt = [SamplingParams(temperature=0.0, max_tokens=max_new_tokens)] * len(fits)
+    else:
+        per_prompt = [SamplingParams(temperature=sampled.temperature, top_p=sampled.top_p, top_k=sampled.top_k,
+                                     seed=sampled.for_prompt(i).seed, ignore_eos=True, max_tokens=max_new_tokens)
+                      for i in range(len(fits))]
     inputs = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in fits]
+    n_warm = warmup if mode == "serial" else max(warmup, 1) * max_num_seqs
     for engine in (llm, base_llm):   # warm-up: not measured
-        engine.generate(inputs[:warmup] if mode == "serial" else inputs[: max(warmup, 1) * max_num_seqs],
-                        sampling, use_tqdm=False)
+        engine.generate(inputs[:n_warm], per_prompt[:n_warm], use_tqdm=False)
 
     # vLLM's counters are process-wide, but only the method's engine drafts: their difference
     # over the measured pass is its acceptance
@@ -151,9 +163,9 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
     walls = {"method": [], "baseline": []}
     outputs = {"method": [], "baseline": []}
 
-    def timed(name, engine, batch):
+    def timed(name, engine, batch, params):
         t = time.perf_counter()
-        outs = engine.generate(batch, sampling, use_tqdm=False)
+        outs = engine.generate(batch, params, use_tqdm=False)
         walls[name].append(time.perf_counter() - t)
         return outs
 
@@ -161,11 +173,11 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
     if mode == "serial":
         for i, inp in enumerate(tqdm(inputs, desc=f"{label} vs baseline (vLLM serial)", unit="prompt")):
             for name in ("method", "baseline") if i % 2 == 0 else ("baseline", "method"):
-                outputs[name] += timed(name, engines[name], [inp])
+                outputs[name] += timed(name, engines[name], [inp], per_prompt[i])
     else:
         for r in tqdm(range(rounds), desc=f"{label} vs baseline (vLLM batched)", unit="round"):
             for name in ("method", "baseline") if r % 2 == 0 else ("baseline", "method"):   # ABBA
-                outputs[name] = timed(name, engines[name], inputs)
+                outputs[name] = timed(name, engines[name], inputs, per_prompt)
     counters["after"] = spec_counters(llm)
 
     records = {}

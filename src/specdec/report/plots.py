@@ -11,7 +11,7 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ORDER = ["chat_heldout", "chat_overlap", "wiki"]
+from .tables import dataset_order
 
 
 def _label(r) -> str:
@@ -20,7 +20,12 @@ def _label(r) -> str:
 
 
 def _datasets(frame: pd.DataFrame) -> list[str]:
-    return sorted(frame["dataset"].unique(), key=lambda d: ORDER.index(d) if d in ORDER else 99)
+    return dataset_order(frame) if len(frame) else []
+
+
+def _title(frame: pd.DataFrame, ds: str) -> str:
+    t = frame.loc[frame["dataset"] == ds, "temperature"].max() if "temperature" in frame else 0
+    return f"{ds} (sampled, T = {t:g})" if t > 0 else ds
 
 
 def _bars(frame: pd.DataFrame, key: str, title: str, ylabel: str, path: Path, errors: bool = False,
@@ -41,7 +46,7 @@ def _bars(frame: pd.DataFrame, key: str, title: str, ylabel: str, path: Path, er
         ax.set_xticks(list(x), list(rows["_l"]), rotation=60, ha="right", fontsize=7)
         if line is not None:
             ax.axhline(line, color="grey", lw=1, ls="--")
-        ax.set_title(ds)
+        ax.set_title(_title(frame, ds))
         ax.set_ylabel(ylabel)
     fig.suptitle(title)
     fig.tight_layout()
@@ -67,7 +72,7 @@ def plot_all(frame: pd.DataFrame, out_dir: str) -> list[str]:
             pos = json.loads(r["acceptance_by_position"]) if isinstance(r.get("acceptance_by_position"), str) else []
             if pos:
                 ax.plot(range(1, len(pos) + 1), pos, marker="o", label=_label(r))
-        ax.set_title(ds)
+        ax.set_title(_title(ok, ds))
         ax.set_xlabel("draft position")
         ax.set_ylabel("share of steps accepted through it")
         ax.set_ylim(0, 1)

@@ -47,6 +47,8 @@ def rows_frame(paths) -> pd.DataFrame:
     frame["label"] = [s["method"] for s in summaries]   # method/variant, as in the records
     frame["dtype"] = st("dtype")
     frame["dtype_requested"] = st("dtype_requested").where(st("dtype_requested").notna(), frame["dtype"])
+    # 0: greedy; a sampled row's temperature (settings.sampling)
+    frame["temperature"] = [float((s["settings"].get("sampling") or {}).get("temperature", 0.0)) for s in summaries]
     ci = [s.get("speedup_ci") or [None, None] for s in summaries]
     frame["ci_low"] = [c[0] for c in ci]
     frame["ci_high"] = [c[1] for c in ci]

@@ -26,7 +26,10 @@ NOTES = (
     "Speedup = baseline wall time / method wall time (aggregate); acceptance = accepted / drafted "
     "tokens; tau = tokens per target verification forward; matches = outputs equal to the "
     "baseline arm's, token for token. `auto` rows run in the host's speed dtype (bf16 where the "
-    "CPU multiplies bf16 natively, else fp32); float32 rows are the lossless checks.")
+    "CPU multiplies bf16 natively, else fp32); float32 rows are the lossless checks. Sampled rows "
+    "(T > 0): both arms sample prompt i with seed i and decode max_new_tokens each (EOS ignored); "
+    "their texts differ by design, so there is no token-by-token check: the distribution tests "
+    "(tests/test_sampling.py, test_contract.py) prove sampling lossless.")
 
 
 def _num(x, fmt):
@@ -51,6 +54,40 @@ def path_name(r) -> str:
     if r["backend"] == "vllm":
         return f"vLLM {r['mode']} (max_num_seqs={int(r['settings.max_num_seqs'])})"
     return "HF generate (peer)" if r["method"].startswith("hf_") else "PyTorch loop"
+
+
+def sampling_note(rows: pd.DataFrame) -> str:
+    """", sampled at T = 0.7 (top-p 1.0, top-k off)" for sampled rows, "" for greedy ones."""
+    sampled = rows[rows["temperature"] > 0]
+    if not len(sampled):
+        return ""
+    r = sampled.iloc[0]
+    top_k, seed = r.get("settings.sampling.top_k"), int(r.get("settings.sampling.seed", 0))
+    return (f", sampled at T = {r['temperature']:g} (top-p {r.get('settings.sampling.top_p', 1.0):g}, "
+            f"top-k {'off' if not top_k else int(top_k)}, prompt i with seed {seed} + i)")
+
+
+def base_dataset(frame: pd.DataFrame, ds: str) -> str:
+    """A sampled set's greedy counterpart: the titled set that reads the same prompt file."""
+    if ds in DATASET_TITLES or "settings.prompts_file" not in frame:
+        return ds
+    files = frame.loc[frame["dataset"] == ds, "settings.prompts_file"]
+    same = frame[frame["settings.prompts_file"].isin(files) & (frame["temperature"] == 0)]
+    return next((d for d in same["dataset"].unique() if d in DATASET_TITLES), ds)
+
+
+def dataset_order(frame: pd.DataFrame) -> list[str]:
+    """Titled sets in their order, each sampled set right after its greedy counterpart."""
+    order = list(DATASET_TITLES)
+    def key(ds):
+        base = base_dataset(frame, ds)
+        return (order.index(base) if base in order else len(order), base != ds, ds)
+    return sorted(frame["dataset"].unique(), key=key)
+
+
+def dataset_title(frame: pd.DataFrame, ds: str) -> str:
+    base = base_dataset(frame, ds)
+    return DATASET_TITLES.get(base, base) + sampling_note(frame[frame["dataset"] == ds])
 
 
 def dtype_name(r) -> str:
@@ -105,17 +142,26 @@ def headline(frame: pd.DataFrame) -> str:
     torch_rows = frame[(frame["backend"] == "torch") & ~frame["method"].str.startswith("hf_")]
     held = frame[frame["headline"]]
     over = torch_rows[(torch_rows["dataset"] == "chat_overlap") & (torch_rows["dtype_requested"] == "auto")]
-    fp32 = torch_rows[torch_rows["dtype"] == "float32"]
+    fp32 = torch_rows[(torch_rows["dtype"] == "float32") & (torch_rows["temperature"] == 0)]
+    # the same held-out prompts sampled at T > 0, in the speed dtype
+    sampled = torch_rows[(torch_rows["temperature"] > 0) & (torch_rows["dtype_requested"] == "auto")]
+    if "settings.prompts_file" in frame:
+        sampled = sampled[sampled["settings.prompts_file"].isin(held["settings.prompts_file"])]
     rows = []
     for _, h in held.sort_values("speedup", ascending=False).iterrows():
         o = over[over["method"] == h["method"]]
         checks = fp32[fp32["method"] == h["method"]]
+        at_t = {}
+        for t, rows_t in sampled.groupby("temperature"):
+            mine = rows_t[rows_t["method"] == h["method"]]
+            at_t[f"Held-out T={t:g} speedup [95% CI]"] = speedup_cell(mine.iloc[0]) if len(mine) else "-"
         rows.append({
             "Method": h["label"],
             "Held-out speedup [95% CI]": speedup_cell(h),
             "Held-out acceptance": _num(100 * h["acceptance_rate"], ".0f") + "%"
             if pd.notna(h.get("acceptance_rate")) else "-",
             "Held-out tau": _num(h.get("tau"), ".2f"),
+            **at_t,
             "Train-overlap speedup (best case)": speedup_cell(o.iloc[0]) if len(o) else "-",
             "Train-overlap tau": _num(o.iloc[0].get("tau"), ".2f") if len(o) else "-",
             "Lossless (fp32 matches)": ", ".join(f"{matches_cell(c)}" for _, c in checks.iterrows()) or "-",
@@ -163,10 +209,9 @@ def render_tables(frame: pd.DataFrame) -> str:
     peers = peer_lines(frame)
     if peers:
         lines += ["## Hugging Face peers, timed in the same process", ""] + peers + [""]
-    order = {d: i for i, d in enumerate(DATASET_TITLES)}
-    for ds in sorted(frame["dataset"].unique(), key=lambda d: order.get(d, 99)):
+    for ds in dataset_order(frame):
         rows = frame[frame["dataset"] == ds]
-        lines += [f"## {DATASET_TITLES.get(ds, ds)}", ""]
+        lines += [f"## {dataset_title(frame, ds)}", ""]
         errors = rows[rows.get("error", pd.Series(index=rows.index)).notna()]
         ok = rows.drop(errors.index)
         if len(ok):
