@@ -249,3 +249,20 @@ def test_generate_command(method, world, capsys):
     baseline = run(TargetModel(world["model"]), prompt).output_ids
     assert out.split() == [f"w{t}" for t in baseline if t != 2]
     assert f"[{method} " in err and "tok/s; acceptance" in err and "tau" in err
+
+
+def test_generate_command_samples_with_a_seed(world, capsys):
+    """`specdec generate --temperature`: a seed repeats the text, another seed changes it."""
+    from conftest import save_word_tokenizer
+    from specdec.cli import main
+    save_word_tokenizer(world["target_dir"])
+    method = "draft_model"
+    prompt = " ".join(f"w{t}" for t in world["records"][0]["prompt_ids"])
+    outs = []
+    for seed in (3, 3, 4):
+        args = ["generate", prompt, "--method", method, "--target", str(world["target_dir"]), "--config", "none.yaml",
+                "--params", json.dumps(example_params(method, world)), "--max-new-tokens", str(NEW_TOKENS),
+                "--dtype", "float32", "--raw", "--temperature", "1.0", "--seed", str(seed)]
+        assert main(args) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] != outs[2]
