@@ -130,7 +130,7 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
         running[jobid] = rule
         benchmarks += bench
         most = max(most, len(running))
-    assert benchmarks == 29 and most == 2 and not running
+    assert benchmarks == 32 and most == 2 and not running
 
 
 def test_slurm_profile_requests_what_each_rule_needs():
