@@ -266,8 +266,14 @@ def render_checkpoints(ckpt_dirs) -> str:
 
 def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | None) -> str:
     """The README's results: the host, the headline table (one row per method), where the rest is."""
+    sampled = frame[(frame["backend"] == "torch") & (frame["temperature"] > 0)]
+    sampled_note = "" if not len(sampled) else (
+        f"Held-out T={sampled['temperature'].iloc[0]:g}: {int(sampled['prompts'].max())} of the held-out prompts "
+        "sampled, both arms with the same seeds and every token decoded (lossless in distribution: the "
+        "sampling tests). ")
     lines = [START, "", *host_lines(frame), "", headline(frame), "",
              "Held-out: the PyTorch loop, the host's speed dtype, prompts no drafter saw in training. "
+             + sampled_note +
              "Train-overlap: prompts whose completions the learned drafters were trained on (the reference "
              "system's best-case probe). Speedups are paired with the baseline in one process, with 95% "
              f"intervals; lossless: fp32 outputs equal to the baseline's. Every row, vLLM included: "
