@@ -68,6 +68,13 @@ class Sampler:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return process(logits, self.settings)
 
+    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row of (..., V) logits, drawn from their processed distribution q:
+        (tokens (...), q (..., V)); a drafter's draft and the q it hands the verifier."""
+        q = self.probs(logits)
+        tokens = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=self.generator)
+        return tokens.view(q.shape[:-1]), q
+
     def draw(self, probs: torch.Tensor) -> int:
         """One token from a (V,) distribution."""
         return int(torch.multinomial(probs, 1, generator=self.generator))

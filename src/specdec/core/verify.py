@@ -21,11 +21,17 @@ def verify_chain(draft: list[int], target_next: list[int]) -> tuple[list[int], i
     return list(range(n + 1)), target_next[n]
 
 
+def _children(parents: list[int]) -> dict[int, list[int]]:
+    """node -> its children in node order (node 0, the root, has none above it)."""
+    children: dict[int, list[int]] = {}
+    for i in range(1, len(parents)):
+        children.setdefault(parents[i], []).append(i)
+    return children
+
+
 def verify_tree(tokens: list[int], parents: list[int], target_next: list[int]) -> tuple[list[int], int]:
     """Longest root path whose every token equals the target's argmax at its parent."""
-    children: dict[int, list[int]] = {}
-    for i in range(1, len(tokens)):
-        children.setdefault(parents[i], []).append(i)
+    children = _children(parents)
     path, node = [0], 0
     while True:
         want = target_next[node]
@@ -47,9 +53,7 @@ def verify_sampled(tokens: list[int], parents: list[int], q: torch.Tensor | None
     top-k drafter). Siblings must be drawn independently given their parent (point masses are).
     Returns the accepted node path (from the root) and the next token, so the emitted tokens are
     distributed exactly as sampling from the target token by token."""
-    children: dict[int, list[int]] = {}
-    for i in range(1, len(tokens)):
-        children.setdefault(parents[i], []).append(i)
+    children = _children(parents)
     path, node = [0], 0
     while True:
         residual = p[node]

@@ -96,9 +96,10 @@ class DraftModelProposer:
                 tokens.append(int(last.argmax()))
                 confidence = self.cfg.confidence_threshold and torch.softmax(last.float(), -1)[tokens[-1]]
             else:
-                qs.append(self.sampler.probs(last))      # draw x ~ q, and tell the verifier q
-                tokens.append(self.sampler.draw(qs[-1]))
-                confidence = qs[-1][tokens[-1]]
+                token, q = self.sampler.sample(last)     # draw x ~ q, and tell the verifier q
+                tokens.append(int(token))
+                qs.append(q)
+                confidence = q[tokens[-1]]
             new = tokens[-1:]
             if self.cfg.confidence_threshold and confidence < self.cfg.confidence_threshold:
                 break  # the draft is unsure: verify what we have

@@ -372,10 +372,9 @@ class Eagle3Proposer:
         if self.sampler is None:
             top = logp.topk(self.cfg.tree_topk, dim=-1)
             return top.values, top.indices
-        probs = self.sampler.probs(logp)                     # (rows, draft vocab)
+        indices, probs = self.sampler.sample(logp)           # (rows,), (rows, draft vocab)
         qs.append(probs)
-        indices = torch.multinomial(probs, 1, generator=self.sampler.generator)
-        return logp.gather(-1, indices), indices
+        return logp.gather(-1, indices[:, None]), indices[:, None]
 
 
 PARAMS = Eagle3Config

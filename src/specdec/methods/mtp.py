@@ -211,8 +211,9 @@ class MTPProposer:
             if self.sampler is None:
                 seq.append(int(logits.argmax()))
             else:
-                qs.append(self.sampler.probs(logits))
-                seq.append(self.sampler.draw(qs[-1]))
+                token, q = self.sampler.sample(logits)
+                seq.append(int(token))
+                qs.append(q)
             # this module is draft-free at positions j <= n-2-k: keep those, crop the rest
             keep = n - 1 - k - c
             if keep < len(rows):

@@ -174,8 +174,7 @@ class PardProposer:
         if self.sampler is None:
             return Draft.chain(logits.argmax(-1).tolist())
         # position i's token drawn from its own q_i (given the context, not the earlier drafts)
-        q = self.sampler.probs(logits)                                         # (k, V)
-        tokens = torch.multinomial(q, 1, generator=self.sampler.generator)[:, 0]
+        tokens, q = self.sampler.sample(logits)                                # (k,), (k, V)
         return Draft.chain(tokens.tolist(), q)
 
     def observe(self, step: StepResult) -> None:
