@@ -1,6 +1,7 @@
 """Medusa-1 and MTP on tiny random targets: training, tree, caches, lossless, checkpoints."""
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -242,3 +243,41 @@ def test_mtp_vllm_export_layout(trained, ckpt, tmp_path):
     with torch.inference_mode():
         assert torch.allclose(exported(ids).logits, model(ids).logits, atol=1e-5)
     assert (out / "manifest.json").exists() and not (tmp_path / "export.partial").exists()
+
+
+@pytest.mark.parametrize("ckpt", ["medusa", "medusa_dv"])
+def test_medusa_vllm_export_drafts_our_top1(trained, ckpt, tmp_path):
+    """vLLM's Medusa layout: `blocks.k.layers.0` through vLLM's own ResidualBlock, then
+    `lm_heads.k` over the full vocabulary (a reduced draft vocabulary's other rows zero), gives
+    each head's top-1 token as ours does, wherever our best logit is positive."""
+    from safetensors.torch import load_file
+    from vllm.model_executor.models.medusa import ResidualBlock
+
+    model = trained["model"]
+    out = tmp_path / "export"
+    medusa.export_vllm(str(trained["root"] / ckpt), str(trained["target_dir"]), str(out))
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["MedusaModel"] and cfg["num_heads"] == 3 and cfg["num_hidden_layers"] == 1
+    assert cfg["vocab_size"] == cfg["truncated_vocab_size"] == model.config.vocab_size and cfg["medusa_fc_bias"]
+    w = load_file(out / "model.safetensors")
+    heads = medusa.load_module(str(trained["root"] / ckpt), model).eval()
+    r = trained["records"][2]
+    with torch.inference_mode():
+        h = model(torch.tensor([r["prompt_ids"] + r["completion_ids"]]), output_hidden_states=True).hidden_states[-1][0]
+        ours = heads(h)                                             # (K, T, draft vocab)
+        compared = 0
+        for k in range(3):
+            block = ResidualBlock(SimpleNamespace(medusa_fc_bias=True), model.config.hidden_size, 1)
+            block.load_state_dict({"layers.0.weight": w[f"blocks.{k}.layers.0.weight"],
+                                   "layers.0.bias": w[f"blocks.{k}.layers.0.bias"]})
+            theirs = (block(h) @ w[f"lm_heads.{k}.weight"].T).argmax(-1)   # (T,) target ids
+            top = ours[k].argmax(-1)
+            top = top if heads.draft_vocab is None else heads.draft_vocab[top]
+            positive = ours[k].max(-1).values > 0
+            assert torch.equal(theirs[positive], top[positive])
+            compared += int(positive.sum())
+    assert compared > 0
+    spec = medusa.vllm_config(medusa.MedusaConfig(checkpoint="x", draft_len=3), str(out))
+    assert spec == {"method": "medusa", "model": str(out), "num_speculative_tokens": 3}
+    with pytest.raises(ValueError, match="draft_len must equal the export's 3 heads"):
+        medusa.vllm_config(medusa.MedusaConfig(checkpoint="x", draft_len=2), str(out))

@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.loop import Draft, StepResult
-from ..train.checkpoint import load_proposer, save_trained
+from ..train.checkpoint import load_proposer, save_trained, write_model_dir
 from ..train.vocab import coverage, frequent_tokens, target_to_draft
+from . import VllmServing
 
 NAME = "medusa"
 
@@ -281,7 +282,54 @@ PARAMS = MedusaConfig
 EXAMPLE = {"params": {"draft_len": 3, "tree_topk": 2, "max_tree_nodes": 6},
            "train": {"train": {"steps": 6, "batch_size": 16, "save_every": 3},
                      "medusa": {"num_heads": 3, "draft_vocab_size": 48}}}
-# no VLLM yet: this checkpoint has no export to vLLM's Medusa layout
+# vLLM drafts Medusa as a chain: head k's top-1 token at depth k (vllm/v1/spec_decode/medusa.py)
+VLLM = VllmServing(export="draft")
+
+
+def vllm_config(p: MedusaConfig, export_dir: str) -> dict:
+    import json
+    from pathlib import Path
+
+    heads = json.loads((Path(export_dir) / "config.json").read_text())["num_heads"]
+    if p.draft_len != heads:
+        raise ValueError(f"medusa: vLLM drafts one token per head, so draft_len must equal the export's "
+                         f"{heads} heads, got {p.draft_len}")
+    return {"method": "medusa", "model": str(export_dir), "num_speculative_tokens": heads}
+
+
+def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
+    """Write vLLM's Medusa draft directory (vllm/model_executor/models/medusa.py): head k is
+    `blocks.k.layers.0` (x + SiLU(W x + b), the residual block we train) and `lm_heads.k`.
+    vLLM reads the same post-norm state our heads read. A reduced draft vocabulary is written as
+    full-vocabulary LM heads whose other rows are zero: vLLM's own `token_map` path only works with
+    one shared LM head (its per-head LM heads keep the full vocabulary size, so a truncated weight
+    does not load). A zero row scores 0, so vLLM's top-1 is our head's wherever our best logit is
+    positive (true of a trained head's top logit in practice; tests/test_vllm_export.py checks it)."""
+    from transformers import AutoConfig
+
+    tcfg = AutoConfig.from_pretrained(target_dir)
+    meta, state = load_proposer(ckpt_dir, NAME, tcfg)
+    K, V, H = meta["config"]["num_heads"], tcfg.vocab_size, tcfg.hidden_size
+    dtype = getattr(tcfg, "dtype", None) or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    vocab = state.get("draft_vocab")
+    weights = {}
+    for k in range(K):
+        weights[f"blocks.{k}.layers.0.weight"] = state[f"res.{k}.weight"].to(dtype)
+        weights[f"blocks.{k}.layers.0.bias"] = state[f"res.{k}.bias"].to(dtype)
+        head = state[f"lm_heads.{k}.weight"]
+        if vocab is not None:   # draft index i -> row vocab[i] of a full-vocabulary head
+            full = torch.zeros(V, H, dtype=head.dtype)
+            full[vocab] = head
+            head = full
+        weights[f"lm_heads.{k}.weight"] = head.to(dtype)
+    config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": H, "vocab_size": V,
+              "num_heads": K, "num_hidden_layers": 1, "medusa_fc_bias": True, "truncated_vocab_size": V,
+              "dtype": str(dtype).removeprefix("torch.")}
+    write_model_dir(out_dir, weights, config,
+                    {"method": NAME, "export": "vllm MedusaModel", "checkpoint": str(ckpt_dir),
+                     "target": str(target_dir), "num_heads": K,
+                     "draft_vocab": None if vocab is None else len(vocab)})
 
 
 def build(params: dict, target) -> MedusaProposer:
