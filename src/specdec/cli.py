@@ -128,7 +128,8 @@ def cmd_bench_vllm(a):
                    gpu_memory_utilization=a.gpu_memory_utilization,
                    kv_cache_memory_bytes=a.kv_cache_memory_bytes, max_model_len=a.max_model_len,
                    rounds=a.rounds, resamples=a.resamples, model_dir=a.model,
-                   draft_dir=a.draft_model, in_process=a.in_process, sampling=a.sampling)
+                   draft_dir=a.draft_model, in_process=a.in_process, sampling=a.sampling,
+                   proposer=a.proposer)
     keys = ("throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline", "error")
     print(json.dumps({k: s.get(k) for k in keys}))
 
@@ -322,6 +323,8 @@ def _bench_verbs(sub) -> None:
     s.add_argument("--draft-model", help="the drafter's export directory (draft_model, pard, eagle3)")
     s.add_argument("--in-process", action="store_true",
                    help="run vLLM's engine core and worker in this process (no child processes)")
+    s.add_argument("--proposer", choices=["vllm", "specdec"], default="vllm",
+                   help="vllm: vLLM's implementation of the method; specdec: ours inside vLLM (custom proposer hook)")
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_vllm)

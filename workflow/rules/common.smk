@@ -68,8 +68,8 @@ def check_dataset_names():
         named += [(f"methods.{method}.datasets", d) for d in spec["datasets"]]
         for variant, v in spec["variants"].items():
             named += [(f"methods.{method}.variants.{variant}.datasets", d) for d in v.get("datasets", [])]
-    vllm_sets = (config.get("vllm") or {}).get("datasets", [])
-    named += [("vllm.datasets", d) for d in vllm_sets]
+    for key in ("datasets", "specdec_proposers"):
+        named += [(f"vllm.{key}", d) for d in (config.get("vllm") or {}).get(key, [])]
     for where, d in named:
         if d not in known:
             raise ValueError(f"config: {where}: {d!r} is not in bench.datasets ({', '.join(sorted(known))})")
@@ -104,6 +104,7 @@ CORE_SOURCES = sorted(str(p) for p in (SRC / "core").glob("*.py")) + [
 # the vLLM backend's own code (a method's vLLM mapping is in its module)
 VLLM_SOURCES = [
     str(SRC / "backends" / "vllm_bench.py"),
+    str(SRC / "backends" / "vllm_hook.py"),
     str(SRC / "host.py"),
     str(SRC / "core" / "metrics.py"),
     str(SRC / "core" / "stats.py"),
@@ -141,9 +142,12 @@ def dataset_dtypes(dataset):
     return config["bench"]["datasets"][dataset].get("dtypes", config["bench"]["dtypes"])
 
 
-def bench_setting(dataset, dtype, key):
-    """bench.datasets.X.<key> (prompts, max_new_tokens), or its by_dtype entry for this dtype."""
+def bench_setting(dataset, dtype, key, backend="torch"):
+    """bench.datasets.X.<key> (prompts, max_new_tokens), or its by_dtype entry for this dtype, or
+    for vLLM rows its vllm entry."""
     d = config["bench"]["datasets"][dataset]
+    if backend == "vllm" and key in d.get("vllm", {}):
+        return d["vllm"][key]
     return d.get("by_dtype", {}).get(dtype, {}).get(key, d[key])
 
 
@@ -174,11 +178,14 @@ def variant_runs(method, variant, dataset, dtype=None):
     return dataset in v.get("datasets", [dataset]) and (dtype is None or dtype in v.get("dtypes", [dtype]))
 
 
-def vllm_plan():
+def vllm_plan(engine="vllm"):
     """data set -> the methods vLLM runs on it: vllm.datasets is a list (with vllm.methods, each
-    where the method has that data set) or a mapping data set -> methods."""
+    where the method has that data set) or a mapping data set -> methods. engine "vllm_specdec":
+    vllm.specdec_proposers, the methods whose own proposer runs inside vLLM."""
     v = config["vllm"]
-    if isinstance(v["datasets"], dict):
+    if engine == "vllm_specdec":
+        plan = {d: list(ms) for d, ms in v.get("specdec_proposers", {}).items()}
+    elif isinstance(v["datasets"], dict):
         plan = {d: list(ms) for d, ms in v["datasets"].items()}
     else:
         if "methods" not in v:
@@ -197,6 +204,9 @@ def vllm_plan():
                 raise ValueError(f"config: vllm.datasets.{d}: {m!r} is not in methods")
             if method in registry.PEERS or registry.vllm_serving(method) is None:
                 raise ValueError(f"config: vllm.datasets.{d}: method {method!r} has no vLLM counterpart")
+            if engine == "vllm_specdec" and not registry.vllm_serving(method).hook:
+                raise ValueError(f"config: vllm.specdec_proposers.{d}: method {method!r} cannot run inside "
+                                 "vLLM's custom proposer hook (it drafts from the target's hidden states)")
     return plan
 
 
@@ -204,15 +214,16 @@ def vllm_summaries(root="results"):
     if not config.get("vllm"):
         return []
     out = []
-    for mode in config["vllm"]["modes"]:
-        for dataset, methods in vllm_plan().items():
-            if mode not in config["bench"]["datasets"][dataset].get("vllm_modes", [mode]):
-                continue
-            for entry in methods:   # a method (each of its variants) or method/variant
-                method, _, only = entry.partition("/")
-                for variant in [only] if only else config["methods"][method]["variants"]:
-                    if variant_runs(method, variant, dataset):
-                        out.append(f"{root}/vllm/{mode}/{dataset}/{method}-{variant}.summary.json")
+    for engine in ("vllm", "vllm_specdec"):   # vLLM's proposers; ours inside vLLM
+        for mode in config["vllm"]["modes"]:
+            for dataset, methods in vllm_plan(engine).items():
+                if mode not in config["bench"]["datasets"][dataset].get("vllm_modes", [mode]):
+                    continue
+                for entry in methods:   # a method (each of its variants) or method/variant
+                    method, _, only = entry.partition("/")
+                    for variant in [only] if only else config["methods"][method]["variants"]:
+                        if variant_runs(method, variant, dataset):
+                            out.append(f"{root}/{engine}/{mode}/{dataset}/{method}-{variant}.summary.json")
     return out
 
 
@@ -220,7 +231,7 @@ def vllm_export(wildcards):
     """The export a vLLM method variant runs from, if its method serves one (registry: VLLM)."""
     serving = registry.vllm_serving(wildcards.method)
     name = variant_params(wildcards.method, wildcards.variant).get("checkpoint")
-    if serving is None or serving.export is None or name is None:
+    if wildcards.engine == "vllm_specdec" or serving is None or serving.export is None or name is None:
         return []
     checkpoint_dir(wildcards.method, name)
     return [f"checkpoints/vllm_exports/{wildcards.method}-{name}/manifest.json"]

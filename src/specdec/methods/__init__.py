@@ -11,7 +11,8 @@
     hidden_taps(config, settings), setup(target, data, settings, tcfg, device) -> Trainee
     load_module(checkpoint, target_model)    the trained module, as inference loads it
   served by vLLM:
-    VLLM            a VllmServing: whether vLLM loads an export, and how
+    VLLM            a VllmServing: whether vLLM loads an export, and how; whether our own
+                    proposer can run inside vLLM's scheduler (the custom proposer hook)
     vllm_config(params, export_dir) -> vLLM's speculative_config
     export_vllm(ckpt_dir, target_dir, out_dir), when VLLM.export is set
 
@@ -51,6 +52,7 @@ class VllmServing:
     replaces the target as the served model: MTP) or "draft" (the export is the drafter)."""
     export: str | None = None
     tree: bool = False   # vLLM drafts a tree of up to num_speculative_tokens nodes, not a chain
+    hook: bool = False   # our proposer also runs inside vLLM (backends/vllm_hook.py: token ids only)
 
     @property
     def flag(self) -> str | None:

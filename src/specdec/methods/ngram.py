@@ -66,7 +66,7 @@ class NgramProposer:
 NAME = "ngram"
 PARAMS = NgramConfig
 EXAMPLE = {"params": {"draft_len": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}}
-VLLM = VllmServing()
+VLLM = VllmServing(hook=True)
 
 
 def vllm_config(p: NgramConfig, export_dir=None) -> dict:

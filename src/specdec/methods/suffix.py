@@ -216,7 +216,7 @@ class SuffixProposer:
 NAME = "suffix"
 PARAMS = SuffixConfig
 EXAMPLE = {"params": {"draft_len": 6, "max_tree_depth": 6}}
-VLLM = VllmServing(tree=True)
+VLLM = VllmServing(tree=True, hook=True)
 
 
 def vllm_config(p: SuffixConfig, export_dir=None) -> dict:

@@ -1,6 +1,7 @@
 """The tidy results table: one row per benchmark summary, every summary field a column.
 
-Key: (backend, mode, dataset, dtype, method, variant). Nested summary fields are flattened with
+Key: (backend, mode, dataset, dtype, method, variant, proposer); proposer: whose implementation
+drafted ("specdec": ours, in our loop or inside vLLM; "vllm": vLLM's). Nested summary fields are flattened with
 pandas (`settings.params.draft_len`, `environment.cpu.isa`); lists and mappings that do not fit a
 column are stored as JSON text. `results/rows.parquet` is written from this frame, and the tables,
 the README section and the plots are rendered from it.
@@ -13,7 +14,7 @@ import pandas as pd
 
 from ..data.records import atomic_path, read_json
 
-KEY = ["backend", "mode", "dataset", "dtype", "method", "variant"]
+KEY = ["backend", "mode", "dataset", "dtype", "method", "variant", "proposer"]
 # a headline row: our loop, the speed dtype, prompts no drafter trained on
 HEADLINE = {"backend": "torch", "dataset": "chat_heldout", "dtype_requested": "auto"}
 
@@ -44,6 +45,8 @@ def rows_frame(paths) -> pd.DataFrame:
     frame.insert(0, "backend", st("backend"))
     frame.insert(1, "mode", st("mode").where(st("mode").notna(), "loop"))
     frame["method"], frame["variant"] = st("method"), st("variant")
+    frame["proposer"] = st("proposer").where(st("proposer").notna(),
+                                             frame["backend"].map({"vllm": "vllm"}).fillna("specdec"))
     frame["label"] = [s["method"] for s in summaries]   # method/variant, as in the records
     frame["dtype"] = st("dtype")
     frame["dtype_requested"] = st("dtype_requested").where(st("dtype_requested").notna(), frame["dtype"])

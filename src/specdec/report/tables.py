@@ -52,7 +52,8 @@ def matches_cell(r) -> str:
 
 def path_name(r) -> str:
     if r["backend"] == "vllm":
-        return f"vLLM {r['mode']} (max_num_seqs={int(r['settings.max_num_seqs'])})"
+        ours = ", our proposer" if r.get("proposer") == "specdec" else ""
+        return f"vLLM {r['mode']} (max_num_seqs={int(r['settings.max_num_seqs'])}){ours}"
     return "HF generate (peer)" if r["method"].startswith("hf_") else "PyTorch loop"
 
 
