@@ -135,7 +135,7 @@ def test_readme_without_markers_is_an_error(tmp_path):
 
 
 def test_job_costs_sum_snakemakes_benchmark_files(tmp_path):
-    from specdec.report.costs import job_costs, render_costs
+    from specdec.report.costs import job_costs, render_costs, write_costs
     header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
     for rule, name, secs, rss in [("train_proposer", "a", 120.0, 900.0), ("train_proposer", "b", 60.0, 1200.0),
                                   ("bench_torch", "results/x", 30.0, 700.0)]:
@@ -148,3 +148,8 @@ def test_job_costs_sum_snakemakes_benchmark_files(tmp_path):
     assert "3 jobs, 3.5 minutes of job time in all." in render_costs(costs)
     with pytest.raises(ValueError, match="no Snakemake benchmark files"):
         job_costs(str(tmp_path / "none"))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- costs:start -->\nold\n<!-- costs:end -->\nafter\n")
+    write_costs(str(tmp_path), str(readme))
+    text = readme.read_text()
+    assert "old" not in text and "| train_proposer |" in text and text.endswith("<!-- costs:end -->\nafter\n")

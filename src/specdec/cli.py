@@ -207,8 +207,8 @@ def cmd_report(a):
 
 
 def cmd_job_costs(a):
-    from .report.costs import job_costs, render_costs
-    print(render_costs(job_costs(a.benchmarks)))
+    from .report.costs import write_costs
+    print(write_costs(a.benchmarks, a.readme))
 
 
 def cmd_drift(a):
@@ -351,6 +351,7 @@ def _report_verbs(sub) -> None:
 
     s = sub.add_parser("job-costs", help="sum Snakemake's per-job benchmark files per rule")
     s.add_argument("benchmarks", nargs="?", default="benchmarks")
+    s.add_argument("--readme", help="also write the table into this file, between its costs markers")
     s.set_defaults(func=cmd_job_costs)
 
 

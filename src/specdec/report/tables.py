@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..data.records import atomic_path, read_json, write_text
-from .rows import rows_frame, write_rows
+from .rows import HEADLINE, rows_frame, write_rows
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -137,11 +137,20 @@ def host_lines(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def vllm_cell(rows: pd.DataFrame) -> str:
+    """A vLLM row's speedup in the headline ("-": no row, or vLLM refused the method)."""
+    ok = rows[rows["speedup"].notna()]
+    return f"{ok['speedup'].iloc[0]:.2f}x" if len(ok) else "-"
+
+
 def headline(frame: pd.DataFrame) -> str:
-    """One row per method: held-out speedup first, the train-overlap probe beside it, and the
-    fp32 lossless check."""
+    """One row per method: held-out speedup first, vLLM's on the same held-out set, the
+    train-overlap probe beside it, and the fp32 lossless check."""
     torch_rows = frame[(frame["backend"] == "torch") & ~frame["method"].str.startswith("hf_")]
     held = frame[frame["headline"]]
+    # vLLM's own implementation of the method, greedy, on the held-out set
+    vllm_held = frame[(frame["backend"] == "vllm") & (frame["dataset"] == HEADLINE["dataset"])
+                      & (frame["proposer"] == "vllm")]
     over = torch_rows[(torch_rows["dataset"] == "chat_overlap") & (torch_rows["dtype_requested"] == "auto")]
     fp32 = torch_rows[(torch_rows["dtype"] == "float32") & (torch_rows["temperature"] == 0)]
     # the same held-out prompts sampled at T > 0, in the speed dtype
@@ -163,6 +172,9 @@ def headline(frame: pd.DataFrame) -> str:
             if pd.notna(h.get("acceptance_rate")) else "-",
             "Held-out tau": _num(h.get("tau"), ".2f"),
             **at_t,
+            **({"vLLM held-out speedup, serial / batched": " / ".join(
+                vllm_cell(vllm_held[(vllm_held["method"] == h["method"]) & (vllm_held["mode"] == mode)])
+                for mode in ("serial", "batched"))} if len(vllm_held) else {}),
             "Train-overlap speedup (best case)": speedup_cell(o.iloc[0]) if len(o) else "-",
             "Train-overlap tau": _num(o.iloc[0].get("tau"), ".2f") if len(o) else "-",
             "Lossless (fp32 matches)": ", ".join(f"{matches_cell(c)}" for _, c in checks.iterrows()) or "-",
