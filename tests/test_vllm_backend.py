@@ -21,6 +21,10 @@ def test_speculative_config_mapping():
     sfx = speculative_config("suffix", {"draft_len": 8, "max_tree_depth": 8, "max_spec_factor": 1.0,
                                         "min_token_prob": 0.0})
     assert sfx["method"] == "suffix" and sfx["suffix_decoding_max_tree_depth"] == 8
+    # vLLM's global response cache only with our global_cache (it is on by default in vLLM)
+    assert sfx["suffix_decoding_max_cached_requests"] == 0
+    assert speculative_config("suffix", {"global_cache": True, "max_cached_requests": 50})[
+        "suffix_decoding_max_cached_requests"] == 50
     # MTP: served from the MiMo export; one draft token per module step asked for
     assert speculative_config("mtp", {"checkpoint": "x", "num_speculative_steps": 2}) == {
         "method": "mtp", "num_speculative_tokens": 2}

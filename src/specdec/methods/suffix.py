@@ -220,12 +220,15 @@ VLLM = VllmServing(tree=True, hook=True)
 
 
 def vllm_config(p: SuffixConfig, export_dir=None) -> dict:
-    # vLLM's suffix method runs Arctic Inference's suffix tree (the arctic-inference package)
+    # vLLM's suffix method runs Arctic Inference's suffix tree (the arctic-inference package). Its
+    # global cache of earlier responses is on by default; 0 cached requests turns it off, as our
+    # global_cache=False does (a benchmark's repeated rounds would otherwise draft from their own
+    # earlier outputs)
     return {"method": "suffix", "num_speculative_tokens": p.draft_len,
             "suffix_decoding_max_tree_depth": p.max_tree_depth,
             "suffix_decoding_max_spec_factor": p.max_spec_factor,
             "suffix_decoding_min_token_prob": p.min_token_prob,
-            "suffix_decoding_max_cached_requests": p.max_cached_requests}
+            "suffix_decoding_max_cached_requests": p.max_cached_requests if p.global_cache else 0}
 
 
 def build(params: dict, target=None) -> SuffixProposer:
