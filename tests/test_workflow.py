@@ -161,7 +161,7 @@ def test_smoke_dag_through_a_cluster_executor(tmp_path):
     wd = copy_workflow(tmp_path)
     smk(wd, "results/tables.md", "--profile", "workflow/profiles/local-cluster", *SMOKE)
     rows = pd.read_parquet(wd / "results" / "rows.parquet")
-    assert len(rows) == 38 and rows["error"].isna().all()
+    assert len(rows) == 38 and "error" not in rows   # no row carries vLLM's refusal
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
 
 
