@@ -137,7 +137,7 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
 def test_slurm_profile_requests_what_each_rule_needs():
     """A dry run of the full-scale config through the SLURM profile: every job states its cores,
     memory, runtime and, where it needs one, its GPU."""
-    proc = smk(REPO, "-n", "results/tables.md", "--profile", "workflow/profiles/slurm",
+    proc = smk(REPO, "-n", "--forceall", "results/tables.md", "--profile", "workflow/profiles/slurm",
                "--configfile", "workflow/configs/full-scale.yaml")
     requests = {}
     for block in re.split(r"\n(?=rule \w+:)", proc.stdout + proc.stderr):
