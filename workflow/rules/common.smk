@@ -197,15 +197,16 @@ def vllm_plan(engine="vllm"):
                 method = m.partition("/")[0]
                 if d in config["methods"].get(method, {}).get("datasets", [d]):
                     plan[d].append(m)
+    where = "vllm.specdec_proposers" if engine == "vllm_specdec" else "vllm.datasets"
     for d, ms in plan.items():   # every d in bench.datasets (check_dataset_names)
         for m in ms:
             method, _, variant = m.partition("/")
             if method not in config["methods"] or (variant and variant not in config["methods"][method]["variants"]):
-                raise ValueError(f"config: vllm.datasets.{d}: {m!r} is not in methods")
+                raise ValueError(f"config: {where}.{d}: {m!r} is not in methods")
             if method in registry.PEERS or registry.vllm_serving(method) is None:
-                raise ValueError(f"config: vllm.datasets.{d}: method {method!r} has no vLLM counterpart")
+                raise ValueError(f"config: {where}.{d}: method {method!r} has no vLLM counterpart")
             if engine == "vllm_specdec" and not registry.vllm_serving(method).hook:
-                raise ValueError(f"config: vllm.specdec_proposers.{d}: method {method!r} cannot run inside "
+                raise ValueError(f"config: {where}.{d}: method {method!r} cannot run inside "
                                  "vLLM's custom proposer hook (it drafts from the target's hidden states)")
     return plan
 

