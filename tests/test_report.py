@@ -20,7 +20,7 @@ def summary(method, dtype="float32", speedup=None, per_pos=None, dataset="wiki",
          "environment": {"cpu": CPU, "torch": "2.13"},
          "acceptance_by_position": per_pos or []}
     if backend == "vllm":
-        s["settings"].update(mode="serial", max_num_seqs=1)
+        s["settings"].update(mode="serial", max_num_seqs=1, requests_in_flight=1)
     if speedup:
         s.update(speedup=speedup, speedup_ci=ci or [speedup * 0.9, speedup * 1.1], speedup_ci_half_width=0.1,
                  speedup_ci_method="paired percentile bootstrap over 4 prompts", timing="paired",
@@ -44,7 +44,10 @@ def test_report_rows_tables_plots_and_readme(tmp_path):
     paths = write(tmp_path, [
         summary("ngram/k5", "float32", 2.5, [0.8, 0.6], dataset="chat_heldout", requested="auto", ci=[2.25, 2.8]),
         summary("ngram/k5", "float32", 1.2, dataset="chat_overlap"),
-        summary("ngram/k5", "bfloat16", 1.9, dataset="wiki", backend="vllm", requested="auto"),
+        # a vLLM job's summary: every row of its method variant
+        {"method": "ngram/k5", "rows": [
+            summary("ngram/k5", "bfloat16", 1.9, dataset="wiki", backend="vllm", requested="auto"),
+            summary("ngram/k5", "bfloat16", 1.1, dataset="chat_heldout", backend="vllm", requested="auto")]},
         {**summary("hf_prompt_lookup/k5", "float32", 2.0, requested="auto"),
          "same_run": {"counterpart": "ngram", "counterpart_speedup": 1.05, "counterpart_speedup_ci": [1.0, 1.1],
                       "same_outputs": 4}},
@@ -55,7 +58,9 @@ def test_report_rows_tables_plots_and_readme(tmp_path):
     write_report(paths, str(tmp_path / "tables.md"), str(tmp_path / "plots"), str(tmp_path / "section.md"),
                  str(readme), out_rows=str(tmp_path / "rows.parquet"))
     rows = pd.read_parquet(tmp_path / "rows.parquet")
-    assert len(rows) == 5
+    assert len(rows) == 6
+    vllm_ngram = rows[rows["backend"].eq("vllm") & rows["method"].eq("ngram")]
+    assert sorted(vllm_ngram["dataset"]) == ["chat_heldout", "wiki"]
     for col in ("backend", "mode", "dataset", "dtype", "method", "variant", "speedup", "ci_low", "ci_high",
                 "speedup_ci_method", "tau", "acceptance_rate", "matches_baseline", "headline",
                 "environment.cpu.isa", "environment.cpu.native_bf16", "settings.dtype_reason",
@@ -69,6 +74,7 @@ def test_report_rows_tables_plots_and_readme(tmp_path):
     assert "Speed dtype (`auto`): float32 (CPU has no native bf16 matmul (ISA AVX2))." in tables
     assert "ours (ngram) ran **1.05x** [1.00, 1.10] its speed" in tables
     assert "not run: ImportError: Arctic Inference is required" in tables
+    assert "vLLM serial (1 request in flight)" in tables
     assert "ngram/k5 (PyTorch loop, float32 (auto)) | 80.0%" in tables.replace("  ", "")
     text = readme.read_text()
     assert text.startswith("# title\n\nintro\n\n") and text.endswith("\n\nfooter\n") and "old" not in text

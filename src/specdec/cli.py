@@ -7,14 +7,18 @@ import sys
 from pathlib import Path
 
 
-def _json(text: str) -> dict:
+def _json(text: str, kind=dict) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
+    if not isinstance(value, kind):
+        raise argparse.ArgumentTypeError(f"expected a JSON {'object' if kind is dict else 'list'}")
     return value
+
+
+def _json_list(text: str) -> list:
+    return _json(text, list)
 
 
 def _resolve_dtype(name: str, device: str) -> str:
@@ -121,17 +125,16 @@ def cmd_bench_torch(a):
 
 def cmd_bench_vllm(a):
     from .backends.vllm_bench import bench_vllm
-    s = bench_vllm(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, method=a.method,
-                   variant=a.variant, params=a.params, mode=a.mode, out_records=a.out_records,
-                   out_summary=a.out_summary, limit=a.limit, max_new_tokens=a.max_new_tokens,
-                   warmup=a.warmup, dtype=a.dtype, max_num_seqs=a.max_num_seqs,
+    s = bench_vllm(target_dir=a.target, method=a.method, variant=a.variant, params=a.params, rows=a.rows,
+                   modes=a.modes, out_records=a.out_records, out_summary=a.out_summary, dtype=a.dtype,
                    gpu_memory_utilization=a.gpu_memory_utilization,
                    kv_cache_memory_bytes=a.kv_cache_memory_bytes, max_model_len=a.max_model_len,
-                   rounds=a.rounds, resamples=a.resamples, model_dir=a.model,
-                   draft_dir=a.draft_model, in_process=a.in_process, sampling=a.sampling,
-                   proposer=a.proposer)
-    keys = ("throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline", "error")
-    print(json.dumps({k: s.get(k) for k in keys}))
+                   resamples=a.resamples, model_dir=a.model, draft_dir=a.draft_model,
+                   in_process=a.in_process, proposer=a.proposer)
+    keys = ("mode", "dataset", "throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau",
+            "matches_baseline", "error")
+    for row in s["rows"]:
+        print(json.dumps({k: row.get(k, row["settings"].get(k)) for k in keys}))
 
 
 def cmd_export_vllm(a):
@@ -311,11 +314,17 @@ def _bench_verbs(sub) -> None:
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)
 
-    s = sub.add_parser("bench-vllm", help="benchmark one method through vLLM (serial or batched)")
-    add_bench_args(s)
-    s.add_argument("--mode", choices=["serial", "batched"], required=True)
-    s.add_argument("--max-num-seqs", type=int, required=True)
-    s.add_argument("--rounds", type=int, default=4, help="batched mode: timed rounds per engine (ABBA)")
+    s = sub.add_parser("bench-vllm", help="one method variant through vLLM: all its rows, one pair of engines")
+    s.add_argument("--target", required=True)
+    s.add_argument("--method", required=True)
+    s.add_argument("--variant")
+    s.add_argument("--params", type=_json, default={})
+    s.add_argument("--rows", type=_json_list, required=True,
+                   help='JSON list of rows: {"mode", "dataset", "prompts", "limit", "max_new_tokens", "sampling"}')
+    s.add_argument("--modes", type=_json, required=True,
+                   help='JSON mode -> {"max_num_seqs", "warmup_prompts", "rounds"} (config vllm.modes)')
+    s.add_argument("--dtype", default="auto", help="auto: the host's speed dtype (specdec.host)")
+    s.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples of the speedup's interval")
     s.add_argument("--gpu-memory-utilization", type=float, required=True)
     s.add_argument("--kv-cache-memory-bytes", type=int, help="each engine's KV cache (overrides the utilization)")
     s.add_argument("--max-model-len", type=int, required=True)

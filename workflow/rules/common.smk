@@ -79,10 +79,12 @@ check_dataset_names()
 
 
 def dataset_prompts(wildcards):
-    """The prompt file of benchmark set X: bench.datasets.X.prompts_from, or its own name."""
-    source = config["bench"]["datasets"][wildcards.dataset].get("prompts_from", wildcards.dataset)
+    """The prompt file of benchmark set X (wildcards, or the set's name): bench.datasets.X.prompts_from,
+    or its own name."""
+    dataset = wildcards if isinstance(wildcards, str) else wildcards.dataset
+    source = config["bench"]["datasets"][dataset].get("prompts_from", dataset)
     if source not in DATASET_FILES:
-        raise ValueError(f"config: bench.datasets.{wildcards.dataset}: no prompt set {source!r} "
+        raise ValueError(f"config: bench.datasets.{dataset}: no prompt set {source!r} "
                          f"(set prompts_from to one of {sorted(DATASET_FILES)})")
     return DATASET_FILES[source]
 
@@ -211,21 +213,56 @@ def vllm_plan(engine="vllm"):
     return plan
 
 
+def vllm_rows(engine, method, variant):
+    """The rows one vLLM job runs: each (mode, data set) where the config has this method variant,
+    with its prompt file, prompt count, decode length and sampling."""
+    rows = []
+    for mode in config["vllm"]["modes"]:
+        for dataset, entries in vllm_plan(engine).items():
+            d = config["bench"]["datasets"][dataset]
+            if mode not in d.get("vllm_modes", [mode]) or not variant_runs(method, variant, dataset):
+                continue
+            for entry in entries:   # a method (each of its variants) or method/variant
+                name, _, only = entry.partition("/")
+                if name == method and only in ("", variant):
+                    dtype = config["vllm"]["dtype"]
+                    rows.append({"mode": mode, "dataset": dataset, "prompts": dataset_prompts(dataset),
+                                 "limit": bench_setting(dataset, dtype, "prompts", "vllm"),
+                                 "max_new_tokens": bench_setting(dataset, dtype, "max_new_tokens", "vllm"),
+                                 "sampling": d.get("sampling")})
+                    break
+    return rows
+
+
+def vllm_jobs(engine):
+    """(method, variant) of every vLLM job of this engine: one job per method variant, all its rows."""
+    jobs = []
+    for entries in vllm_plan(engine).values():
+        for entry in entries:
+            method, _, only = entry.partition("/")
+            for variant in [only] if only else config["methods"][method]["variants"]:
+                if (method, variant) not in jobs and vllm_rows(engine, method, variant):
+                    jobs.append((method, variant))
+    return jobs
+
+
 def vllm_summaries(root="results"):
+    """One summary per vLLM job (its rows inside): vLLM's proposers, then ours inside vLLM."""
     if not config.get("vllm"):
         return []
-    out = []
-    for engine in ("vllm", "vllm_specdec"):   # vLLM's proposers; ours inside vLLM
-        for mode in config["vllm"]["modes"]:
-            for dataset, methods in vllm_plan(engine).items():
-                if mode not in config["bench"]["datasets"][dataset].get("vllm_modes", [mode]):
-                    continue
-                for entry in methods:   # a method (each of its variants) or method/variant
-                    method, _, only = entry.partition("/")
-                    for variant in [only] if only else config["methods"][method]["variants"]:
-                        if variant_runs(method, variant, dataset):
-                            out.append(f"{root}/{engine}/{mode}/{dataset}/{method}-{variant}.summary.json")
-    return out
+    return [f"{root}/{engine}/{method}-{variant}.summary.json"
+            for engine in ("vllm", "vllm_specdec") for method, variant in vllm_jobs(engine)]
+
+
+def vllm_job_prompts(wildcards):
+    return sorted({row["prompts"] for row in vllm_rows(wildcards.engine, wildcards.method, wildcards.variant)})
+
+
+def vllm_rows_arg(wildcards):
+    rows = vllm_rows(wildcards.engine, wildcards.method, wildcards.variant)
+    if not rows:
+        raise ValueError(f"config: vLLM runs no row of {wildcards.method}/{wildcards.variant} ({wildcards.engine})")
+    return json.dumps(rows)
 
 
 def vllm_export(wildcards):
@@ -247,10 +284,8 @@ def vllm_model_arg(wildcards, input):
 
 def vllm_engine_args(wildcards):
     v = config["vllm"]
-    mode = v["modes"][wildcards.mode]
-    return (f"--max-num-seqs {mode['max_num_seqs']} --dtype {v['dtype']}"
+    return (f"--modes '{json.dumps(v['modes'])}' --dtype {v['dtype']}"
             f" --gpu-memory-utilization {v['gpu_memory_utilization']} --max-model-len {v['max_model_len']}"
-            f" --warmup {mode['warmup_prompts']} --rounds {mode.get('rounds', 1)}"
             + (f" --kv-cache-memory-bytes {v['kv_cache_memory_bytes']}" if v.get("kv_cache_memory_bytes") else "")
             + (" --in-process" if v.get("in_process", False) else ""))
 

