@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from specdec.report.drift import write_drift
-from specdec.report.tables import END, START, patch_readme, write_report
+from specdec.report.publish import patch, publish
+from specdec.report.tables import END, START, write_report
 
 CPU = {"cpu_model": "AMD EPYC", "isa": "AVX2", "native_bf16": False, "bf16_flags": []}
 
@@ -40,7 +41,7 @@ def write(tmp_path, summaries, sub=""):
     return paths
 
 
-def test_report_rows_tables_plots_and_readme(tmp_path):
+def test_report_rows_tables_plots_and_readme(tmp_path, monkeypatch):
     paths = write(tmp_path, [
         summary("ngram/k5", "float32", 2.5, [0.8, 0.6], dataset="chat_heldout", requested="auto", ci=[2.25, 2.8]),
         summary("ngram/k5", "float32", 1.2, dataset="chat_overlap"),
@@ -55,8 +56,12 @@ def test_report_rows_tables_plots_and_readme(tmp_path):
     ])
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\nintro\n\n{START}\nold\n{END}\n\nfooter\n")
-    write_report(paths, str(tmp_path / "tables.md"), str(tmp_path / "plots"), str(tmp_path / "section.md"),
-                 str(readme), out_rows=str(tmp_path / "rows.parquet"))
+    before = readme.read_text()
+    monkeypatch.chdir(tmp_path)   # the section's links are relative to the working directory
+    write_report(paths, "tables.md", "plots", "section.md", out_rows="rows.parquet")
+    assert readme.read_text() == before   # the report writes only its outputs
+    done = publish("README.md", "section.md", benchmarks="none", drift_table="none.md")
+    assert "job costs NOT written" in done[1] and "drift table NOT written" in done[2]
     rows = pd.read_parquet(tmp_path / "rows.parquet")
     assert len(rows) == 6
     vllm_ngram = rows[rows["backend"].eq("vllm") & rows["method"].eq("ngram")]
@@ -125,23 +130,30 @@ def test_drift_between_two_runs(tmp_path):
                              summary("pard/len3", "float32", 1.5, dataset="chat_heldout", requested="auto")], "a")
     second = write(tmp_path, [summary("ngram/k5", "float32", 2.1, dataset="chat_heldout", requested="auto"),
                               summary("pard/len3", "float32", 1.44, dataset="chat_heldout", requested="auto")], "b")
-    readme = tmp_path / "README.md"
-    readme.write_text("x\n<!-- drift:start -->\n<!-- drift:end -->\ny\n")
-    both = write_drift(first, second, str(tmp_path / "drift.md"), str(readme))
+    repro = tmp_path / "repro.md"
+    repro.write_text("x\n<!-- drift:start -->\n<!-- drift:end -->\ny\n")
+    both = write_drift(first, second, str(tmp_path / "drift.md"))
     assert list(both["drift"].round(3)) == [0.05, -0.04]
     text = (tmp_path / "drift.md").read_text()
     assert "largest speedup drift on a chat row in the speed dtype: **5.0%**" in text and "+5.0%" in text
-    assert "-4.0%" in readme.read_text()
+    (tmp_path / "README.md").write_text(f"{START}\n{END}\n")
+    (tmp_path / "section.md").write_text("results\n")
+    done = publish(str(tmp_path / "README.md"), str(tmp_path / "section.md"), str(tmp_path / "none"),
+                   str(tmp_path / "drift.md"), str(repro))
+    assert done[2].endswith("drift table from " + str(tmp_path / "drift.md"))
+    assert "-4.0%" in repro.read_text() and repro.read_text().endswith("<!-- drift:end -->\ny\n")
 
 
 def test_readme_without_markers_is_an_error(tmp_path):
     (tmp_path / "R.md").write_text("no markers")
-    with pytest.raises(ValueError, match="no results markers"):
-        patch_readme(str(tmp_path / "R.md"), "x")
+    with pytest.raises(ValueError, match="R.md: no markers <!-- results:start -->"):
+        patch(str(tmp_path / "R.md"), "x", START, END)
+    with pytest.raises(FileNotFoundError, match="no results section"):
+        publish(str(tmp_path / "R.md"), str(tmp_path / "missing.md"))
 
 
 def test_job_costs_sum_snakemakes_benchmark_files(tmp_path):
-    from specdec.report.costs import job_costs, render_costs, write_costs
+    from specdec.report.costs import job_costs, render_costs
     header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
     for rule, name, secs, rss in [("train_proposer", "a", 120.0, 900.0), ("train_proposer", "b", 60.0, 1200.0),
                                   ("bench_torch", "results/x", 30.0, 700.0)]:
@@ -155,7 +167,8 @@ def test_job_costs_sum_snakemakes_benchmark_files(tmp_path):
     with pytest.raises(ValueError, match="no Snakemake benchmark files"):
         job_costs(str(tmp_path / "none"))
     readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- costs:start -->\nold\n<!-- costs:end -->\nafter\n")
-    write_costs(str(tmp_path), str(readme))
+    readme.write_text(f"intro\n{START}\n{END}\n<!-- costs:start -->\nold\n<!-- costs:end -->\nafter\n")
+    (tmp_path / "section.md").write_text("results\n")
+    publish(str(readme), str(tmp_path / "section.md"), str(tmp_path), str(tmp_path / "none.md"))
     text = readme.read_text()
     assert "old" not in text and "| train_proposer |" in text and text.endswith("<!-- costs:end -->\nafter\n")

@@ -205,20 +205,26 @@ def cmd_generate(a):
 
 def cmd_report(a):
     from .report.tables import write_report
-    write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.readme, a.checkpoints,
+    write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.checkpoints,
                  out_rows=a.out_rows, out_csv=a.out_csv)
 
 
 def cmd_job_costs(a):
-    from .report.costs import write_costs
-    print(write_costs(a.benchmarks, a.readme))
+    from .report.costs import job_costs, render_costs
+    print(render_costs(job_costs(a.benchmarks)))
+
+
+def cmd_publish(a):
+    from .report.publish import publish
+    for line in publish(a.readme, a.section, a.benchmarks, a.drift, a.reproducibility):
+        print(line)
 
 
 def cmd_drift(a):
     from .report.drift import write_drift
     if len(a.first) != len(a.second):
         raise ValueError(f"--first has {len(a.first)} summaries, --second {len(a.second)}")
-    write_drift(a.first, a.second, a.out, a.readme)
+    write_drift(a.first, a.second, a.out)
 
 
 def add_bench_args(s: argparse.ArgumentParser) -> None:
@@ -347,7 +353,6 @@ def _report_verbs(sub) -> None:
     s.add_argument("--out-csv", help="the rows' main columns (CSV, for the Snakemake report)")
     s.add_argument("--plots-dir", required=True)
     s.add_argument("--readme-section", required=True)
-    s.add_argument("--readme", help="README to patch between the results markers")
     s.add_argument("--checkpoints", nargs="*", default=[], help="trained proposers' checkpoint directories")
     s.set_defaults(func=cmd_report)
 
@@ -355,13 +360,22 @@ def _report_verbs(sub) -> None:
     s.add_argument("--first", nargs="+", required=True, help="summaries of the first run")
     s.add_argument("--second", nargs="+", required=True, help="the same summaries of the second run")
     s.add_argument("--out", required=True)
-    s.add_argument("--readme", help="README to patch between the drift markers")
     s.set_defaults(func=cmd_drift)
 
     s = sub.add_parser("job-costs", help="sum Snakemake's per-job benchmark files per rule")
     s.add_argument("benchmarks", nargs="?", default="benchmarks")
-    s.add_argument("--readme", help="also write the table into this file, between its costs markers")
     s.set_defaults(func=cmd_job_costs)
+
+    s = sub.add_parser("publish", help="after the DAG: the results section, job costs and drift table into the docs",
+                       description="Write the DAG's results section, the job-cost table and (where the drift "
+                                   "check ran) the drift table into README.md and docs/reproducibility.md, "
+                                   "between their markers: the one step that writes outside the DAG's outputs.")
+    s.add_argument("--readme", default="README.md")
+    s.add_argument("--section", default="results/readme_section.md", help="the report's results section")
+    s.add_argument("--benchmarks", default="benchmarks", help="Snakemake's benchmark files")
+    s.add_argument("--drift", default="results/drift.md", help="the drift check's table")
+    s.add_argument("--reproducibility", default="docs/reproducibility.md", help="the page the drift table goes into")
+    s.set_defaults(func=cmd_publish)
 
 
 def _generate_verb(sub) -> None:

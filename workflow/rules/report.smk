@@ -1,5 +1,6 @@
 # Aggregation: results/rows.parquet, results/tables.md, the plots and the README's results
-# section; and the reproducibility check, results/drift.md, from a second benchmark pass.
+# section; and the reproducibility check, results/drift.md, from a second benchmark pass. No job
+# writes README.md or docs/: `specdec publish`, run after the DAG, copies these outputs there.
 
 
 rule report:
@@ -22,7 +23,6 @@ rule report:
                    labels={"table": "every row", "backend": "all", "dataset": "all"}),
     params:
         configs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.checkpoints),
-        readme=f"--readme {config['report']['readme']}" if config["report"]["readme"] else "",
     threads: rule_threads("report")
     resources:
         **rule_resources("report"),
@@ -35,7 +35,7 @@ rule report:
     shell:
         "python -m specdec report --summaries {input.summaries} --out-tables {output.tables} --out-rows {output.rows}"
         " --out-csv {output.csv}"
-        " --checkpoints {params.configs} --plots-dir results/plots --readme-section {output.section} {params.readme} > {log} 2>&1"
+        " --checkpoints {params.configs} --plots-dir results/plots --readme-section {output.section} > {log} 2>&1"
 
 
 # `snakemake results/drift.md --cores 1`: every benchmark job again into results/rerun/ (the
@@ -47,8 +47,6 @@ rule drift:
         code=[str(SRC / "report" / f) for f in ("rows.py", "drift.py")],
     output:
         "results/drift.md",
-    params:
-        readme=f"--readme {config['report']['reproducibility']}" if config["report"].get("reproducibility") else "",
     threads: rule_threads("drift")
     resources:
         **rule_resources("drift"),
@@ -59,4 +57,4 @@ rule drift:
     benchmark:
         "benchmarks/drift/drift.tsv"
     shell:
-        "python -m specdec drift --first {input.first} --second {input.second} --out {output} {params.readme} > {log} 2>&1"
+        "python -m specdec drift --first {input.first} --second {input.second} --out {output} > {log} 2>&1"

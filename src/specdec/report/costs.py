@@ -1,7 +1,7 @@
 """What the DAG's jobs cost: Snakemake's `benchmark:` files (one TSV per job, `s` = wall seconds,
-`max_rss` = peak MB) summed per rule. `specdec job-costs --readme README.md`, run after the DAG,
-writes the table into the README between its costs markers (the report job cannot: its own
-benchmark file is written after it ends)."""
+`max_rss` = peak MB) summed per rule. `specdec job-costs` prints the table; `specdec publish`,
+run after the DAG, writes it into the README between its costs markers (the report job cannot:
+its own benchmark file is written after it ends)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,11 +25,3 @@ def render_costs(costs: pd.DataFrame) -> str:
     total = costs["minutes"].sum()
     table = costs.reset_index().to_markdown(index=False, floatfmt=".1f")
     return f"{table}\n\n{int(costs['jobs'].sum())} jobs, {total:.1f} minutes of job time in all."
-
-
-def write_costs(bench_dir: str, readme: str | None = None) -> str:
-    from .tables import patch_readme
-    text = render_costs(job_costs(bench_dir))
-    if readme:
-        patch_readme(readme, f"{START}\n\n{text}\n\n{END}", START, END)
-    return text

@@ -38,14 +38,12 @@ def render_drift(both: pd.DataFrame) -> str:
         f"**{100 * worst:.1f}%**. Drift = run 2 / run 1 - 1.", "", view.to_markdown(index=False), ""])
 
 
-def write_drift(first_paths, second_paths, out: str, readme: str | None = None) -> pd.DataFrame:
+def write_drift(first_paths, second_paths, out: str) -> pd.DataFrame:
+    """results/drift.md (`specdec publish` copies it into docs/reproducibility.md)."""
     from ..data.records import write_text
-    from .tables import patch_readme
 
     both = drift_frame(first_paths, second_paths)
     text = render_drift(both)
     write_text(out, text)
-    if readme:
-        patch_readme(readme, f"{START}\n\n{text}\n{END}", START, END)
     print(text)
     return both

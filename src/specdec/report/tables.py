@@ -285,7 +285,7 @@ def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | Non
         f"Held-out T={sampled['temperature'].iloc[0]:g}: {int(sampled['prompts'].max())} of the held-out prompts "
         "sampled, both arms with the same seeds and every token decoded (lossless in distribution: the "
         "sampling tests). ")
-    lines = [START, "", *host_lines(frame), "", headline(frame), "",
+    lines = [*host_lines(frame), "", headline(frame), "",
              "Held-out: the PyTorch loop, the host's speed dtype, prompts no drafter saw in training. "
              + sampled_note +
              "Train-overlap: prompts whose completions the learned drafters were trained on (the reference "
@@ -294,7 +294,7 @@ def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | Non
              f"[`{tables_path}`]({tables_path})."]
     if plot:
         lines += ["", f"![speedup]({plot})"]
-    return "\n".join(lines + ["", END])
+    return "\n".join(lines)
 
 
 CSV_COLUMNS = ["backend", "mode", "dataset", "dtype", "method", "variant", "prompts", "speedup", "ci_low",
@@ -303,8 +303,9 @@ CSV_COLUMNS = ["backend", "mode", "dataset", "dtype", "method", "variant", "prom
 
 
 def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section: str,
-                 readme: str | None = None, checkpoint_configs=(), out_rows: str | None = None,
-                 out_csv: str | None = None) -> None:
+                 checkpoint_configs=(), out_rows: str | None = None, out_csv: str | None = None) -> None:
+    """The tables, the plots, the tidy rows and the README's results section (its links relative
+    to the working directory, where README.md is; `specdec publish` copies it into the README)."""
     from .plots import plot_all
 
     frame = rows_frame(summary_paths)
@@ -318,20 +319,8 @@ def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section:
     if ckpts:
         tables = tables + "\n" + ckpts
     plots = plot_all(frame, plots_dir)
-    base = Path(readme).parent if readme else Path(".")
     speedup_plot = next((p for p in plots if Path(p).stem == "speedup"), None)
-    section = render_readme_section(frame, os.path.relpath(out_tables, base),
-                             None if speedup_plot is None else os.path.relpath(speedup_plot, base))
+    section = render_readme_section(frame, os.path.relpath(out_tables),
+                                    None if speedup_plot is None else os.path.relpath(speedup_plot))
     write_text(out_tables, tables + "\n")
     write_text(readme_section, section + "\n")
-    if readme:
-        patch_readme(readme, section)
-
-
-def patch_readme(readme: str, section: str, start: str = START, end: str = END) -> None:
-    text = Path(readme).read_text()
-    if start not in text or end not in text:
-        raise ValueError(f"{readme}: no results markers ({start} ... {end}) to write between")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    write_text(readme, head + section + tail)
