@@ -65,3 +65,35 @@ def test_wiki_set_respects_budget_and_names_the_last_article():
         assert r["articles"][-1] == r["title"] and len(r["articles"]) <= 3
         assert f'Copy the text of the article "{r["title"]}"' in r["prompt"]
         assert r["reference_text"] in r["prompt"]
+
+
+def test_prefill_labels_are_the_targets_argmax_over_the_reply(tiny_model):
+    """The prefill route: one padded batch gives, for every reply position, the target's own next
+    token, as a forward over each sequence alone does; on the target's greedy text the labels are
+    that text (self-distillation reproduces the generate route there)."""
+    from specdec.data.distill import prefill_labels
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 64, (n,), generator=gen).tolist() for n in (9, 17, 5, 12)]
+    starts = [4, 10, 2, 12]
+    labels, stats = prefill_labels(tiny_model, seqs, starts, batch_size=3)
+    for s, a, lab in zip(seqs, starts, labels):
+        with torch.no_grad():
+            alone = tiny_model(input_ids=torch.tensor([s])).logits[0].argmax(-1).tolist()
+        assert lab == alone[a - 1:]
+    assert stats["label_tokens"] == sum(len(s) - a + 1 for s, a in zip(seqs, starts)) and stats["seconds"] > 0
+    prompt = [5, 9, 11]
+    text = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
+                               pad_token_id=0)[0].tolist()
+    labels, _ = prefill_labels(tiny_model, [text], [len(prompt)], batch_size=1)
+    assert labels[0][:-1] == text[len(prompt):]
+
+
+def test_sharegpt_first_exchanges_pair_a_prompt_with_its_reply():
+    import json
+
+    from specdec.data.distill import first_exchanges
+    convs = [{"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+             {"id": "b", "conversations": [{"from": "gpt", "value": "x"}, {"from": "human", "value": "y"}]},
+             {"id": "c", "conversations": [{"from": "human", "value": "only a question"}]}]
+    text = json.dumps(convs)[:-30]   # the shipped file is cut off mid-record
+    assert list(first_exchanges(text)) == [("a", "hi", "hello")]

