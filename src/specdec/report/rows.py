@@ -25,6 +25,8 @@ def load_summaries(path) -> list[dict]:
     vLLM job: every row of one method variant), each row checked."""
     s = read_json(path)
     rows = s["rows"] if isinstance(s.get("rows"), list) else [s]
+    if not rows:
+        raise ValueError(f"{path}: summary has no rows")
     for i, row in enumerate(rows):
         where = f"rows[{i}]." if "rows" in s else ""
         required = ("method", "dataset", "settings") + (() if "error" in row else ("wall_s", "throughput_tok_s"))
@@ -34,8 +36,6 @@ def load_summaries(path) -> list[dict]:
         for key in ("backend", "dtype"):
             if key not in row["settings"]:
                 raise ValueError(f"{path}: summary has no field {where}settings.{key!r}")
-    if not rows:
-        raise ValueError(f"{path}: summary has no rows")
     return rows
 
 
