@@ -266,3 +266,24 @@ def test_generate_command_samples_with_a_seed(world, capsys):
         assert main(args) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] != outs[2]
+
+
+def test_auto_train_dtype_is_probed_and_recorded(world, tmp_path, monkeypatch):
+    """`dtype: auto` on a (faked) bf16-native host: the driver times the run's first steps in both
+    dtypes, trains in the one it picks, and the checkpoint says which and why; evaluating it again
+    with the same `auto` settings uses the recorded dtype."""
+    from specdec import host
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    method = "medusa"
+    settings = json.loads(json.dumps(methods.module(method).EXAMPLE["train"]))
+    settings["train"]["dtype"] = "auto"
+    methods.train_checkpoint(method, str(world["hidden"]), str(world["target_dir"]), str(tmp_path), settings,
+                             overlap=4)
+    train = json.loads((tmp_path / "config.json").read_text())["train"]
+    assert train["dtype"] in ("bfloat16", "float32") and train["dtype_requested"] == "auto"
+    assert "s/step" in train["dtype_reason"]
+    weights = [t for t in load_file(str(tmp_path / "model.safetensors")).values() if t.is_floating_point()]
+    assert weights and {t.dtype for t in weights} == {getattr(torch, train["dtype"])}
+    again = reevaluate(methods.module(method), str(tmp_path), hidden_path=str(world["hidden"]),
+                       target_dir=str(world["target_dir"]), settings=settings, overlap=4)
+    assert again == json.loads((tmp_path / "config.json").read_text())["eval_proxy"]

@@ -152,11 +152,11 @@ def cmd_hidden_states(a):
 
 
 def cmd_train(a):
+    from .host import capability
     from .methods import train_checkpoint
     from .models import set_threads
     set_threads(a.threads)
-    train = a.settings.setdefault("train", {})
-    train["dtype"] = _resolve_dtype(train.get("dtype", "float32"), a.device)
+    print(f"host: {capability()}", flush=True)   # the driver prints the train dtype and why
     proxy = train_checkpoint(a.method, hidden_path=a.hidden, target_dir=a.target, out_dir=a.out_dir,
                              settings=a.settings, overlap=a.overlap, device=a.device)
     print(json.dumps({"eval_proxy": proxy}))

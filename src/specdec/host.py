@@ -7,7 +7,10 @@ the job, on the machine that runs it:
   matmuls, so a forward's cost grows with its token count (16 new tokens cost ~5.7x one on a
   2-core AVX2 host, against ~1.3x on a bf16-native one): verifying drafts in bf16 would cost more
   than decoding them one by one, and fp32 is faster outright.
-Every summary records `capability()` and the choice with its reason.
+Training starts from the same choice, but where it says bf16 the training job also times a few
+steps in fp32 and keeps the faster (train/driver.py, choose_dtype): autograd's bf16 CPU kernels
+are fast on some bf16-native CPUs and slower than fp32 on others.
+Every summary and checkpoint records `capability()` and the choice with its reason.
 """
 from __future__ import annotations
 

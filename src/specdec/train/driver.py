@@ -10,8 +10,11 @@ evaluation and how it saves.
 """
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -86,11 +89,66 @@ def _prepare(method, hidden_path: str, target_dir: str, settings: dict, overlap:
     return tcfg, target, hs, TrainData(hs.split("train", taps), hs.split("heldout", taps), overlap)
 
 
+PROBE_STEPS = 2          # timed training steps per dtype when `auto` has two candidates
+PROBE_MARGIN = 1.15      # fp32 replaces the speed dtype only when this much faster per step
+
+
+def _seconds_per_step(method, target, data, settings: dict, tcfg, device: str) -> float:
+    """A throwaway copy of the run in tcfg.dtype: one untimed step, then the mean of PROBE_STEPS
+    (forward, backward, AdamW step) on the run's own first batches."""
+    torch.manual_seed(tcfg.seed)
+    trainee = method.setup(target, data, settings, tcfg, device)
+    module = trainee.module.train()
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tcfg.lr)
+    elapsed = 0.0
+    for step in range(1 + PROBE_STEPS):
+        t0 = time.perf_counter()
+        loss, _ = trainee.loss(module, batch_indices(step, tcfg.batch_size, trainee.examples, tcfg.seed), step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step:
+            elapsed += time.perf_counter() - t0
+    return elapsed / PROBE_STEPS
+
+
+def choose_dtype(method, target, data, settings: dict, tcfg, device: str) -> tuple[str, str]:
+    """(dtype, reason) for `auto`: the host's speed dtype (host.speed_dtype), unless fp32 trains
+    faster here. Inference and training disagree on some CPUs: autograd's bf16 kernels (the
+    backward's transposed matmuls, AdamW on bf16 tensors) are fast on some bf16-native CPUs and
+    slower than fp32 on others, so where the speed dtype is bf16 both are timed on the run's
+    own first batches."""
+    from ..host import speed_dtype
+    speed, why = speed_dtype(device)
+    if speed == "float32":
+        return speed, why
+    t = {dt: _seconds_per_step(method, target, data, settings, replace(tcfg, dtype=dt), device)
+         for dt in (speed, "float32")}
+    timing = f"{speed} {t[speed]:.2f} s/step, float32 {t['float32']:.2f} s/step ({PROBE_STEPS} probe steps each)"
+    if t["float32"] * PROBE_MARGIN < t[speed]:
+        return "float32", f"fp32 trains faster on this host: {timing}"
+    return speed, f"{why}; {timing}"
+
+
+def saved_train_dtype(ckpt_dir: str) -> str:
+    """The dtype a saved checkpoint was trained in (its config records the choice `auto` made)."""
+    d = Path(ckpt_dir)
+    meta = d / "specdec.json" if (d / "specdec.json").is_file() else d / "config.json"
+    return json.loads(meta.read_text())["train"]["dtype"]
+
+
 def train_checkpoint(method, *, hidden_path: str, target_dir: str, out_dir: str, settings: dict,
                      overlap: int, device: str = "cpu") -> dict:
     """Train `method` (its module: `hidden_taps(config, settings)` and `setup(...)`) and save the
-    checkpoint in `out_dir`; returns the eval proxy."""
+    checkpoint in `out_dir`; returns the eval proxy. The train dtype `auto` is chosen here
+    (choose_dtype), and the checkpoint records the choice and why."""
     tcfg, target, hs, data = _prepare(method, hidden_path, target_dir, settings, overlap)
+    requested, reason = tcfg.dtype, "set in the config"
+    if requested == "auto":
+        dtype, reason = choose_dtype(method, target, data, settings, tcfg, device)
+        tcfg = replace(tcfg, dtype=dtype)
+    print(f"train dtype: {tcfg.dtype} ({requested}: {reason})", flush=True)
     torch.manual_seed(tcfg.seed)   # initialisation is part of the run: a rerun starts identically
     trainee = method.setup(target, data, settings, tcfg, device)
 
@@ -102,7 +160,7 @@ def train_checkpoint(method, *, hidden_path: str, target_dir: str, out_dir: str,
     log = loop.train(trainee.module, loss_fn, tcfg, out_dir, run_id, desc=method.NAME)
     with torch.no_grad():
         eval_proxy = trainee.evaluate(trainee.module)
-    trainee.save(out_dir, asdict(tcfg), log, eval_proxy)
+    trainee.save(out_dir, {**asdict(tcfg), "dtype_requested": requested, "dtype_reason": reason}, log, eval_proxy)
     loop.finish(out_dir)
     return eval_proxy
 
@@ -112,6 +170,8 @@ def reevaluate(method, ckpt_dir: str, *, hidden_path: str, target_dir: str, sett
     """A saved checkpoint's eval proxy, computed again: the method's evaluation on the same data,
     with the module its own loader reads from `ckpt_dir`."""
     tcfg, target, _, data = _prepare(method, hidden_path, target_dir, settings, overlap)
+    if tcfg.dtype == "auto":
+        tcfg = replace(tcfg, dtype=saved_train_dtype(ckpt_dir))
     trainee = method.setup(target, data, settings, tcfg, device)
     module = method.load_module(ckpt_dir, target).to(device, getattr(torch, tcfg.dtype)).eval()
     with torch.no_grad():

@@ -34,7 +34,7 @@ class TrainConfig:
     save_every: int = 50
     log_every: int = 10
     seed: int = 0
-    dtype: str = "float32"    # parameter/compute dtype; bfloat16 is ~2.5x faster on CPUs with avx512_bf16
+    dtype: str = "float32"    # parameter/compute dtype; "auto": the driver times the candidates (driver.choose_dtype)
 
 
 def fingerprint(*parts) -> str:
