@@ -86,7 +86,7 @@ def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
     both = smk(wd, "-n", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml",
                "--", "results/tables.md").stdout
     for row in ("pard-len2", "pard-len6", "medusa-len4_top5_nodes31", "mtp-steps2", "eagle3-ttt6_tree10",
-                "checkpoints/eagle3/ttt6/manifest.json"):
+                "hf_prompt_lookup-k5", "hf_assisted-len3", "checkpoints/eagle3/ttt6/manifest.json"):
         assert row in both and row not in default, row
     assert "results/torch/auto/chat_heldout/eagle3-ttt3_tree10" in default
     assert "baseline.summary.json" not in default + both
@@ -248,6 +248,10 @@ def test_smoke_dag_end_to_end(smoke_run):
     job = json.loads((wd / "results/vllm/draft_model-len3.summary.json").read_text())
     assert [(r["settings"]["mode"], r["dataset"]) for r in job["rows"]] == [   # vllm_modes: [batched]
         ("serial", "chat_overlap"), ("batched", "chat_overlap"), ("batched", "chat_heldout_t07")]
+    # the job's first batched row warms on whole decodes, a later one on warmup_tokens per request
+    first, later = (r["settings"] for r in job["rows"][1:])
+    assert first["warmup_tokens"] == first["max_new_tokens"]
+    assert later["warmup_tokens"] == min(8, later["max_new_tokens"]) and later["warmup_prompts"] == 2
     assert "sampled at T = 0.7" in tables
     # MTP through vLLM, from the MiMo export: vLLM loads it as target + drafter and drafts with it
     assert (wd / "checkpoints/vllm_exports/mtp-modules2/manifest.json").exists()

@@ -153,9 +153,9 @@ def bench_vllm(*, target_dir: str, method: str, variant: str | None, params: dic
     """Every row of one method variant through one pair of engines, the method's and the
     baseline's, both in this process: one start-up per job instead of one per row. `rows`: each
     {mode, dataset, prompts (a prompt file), limit, max_new_tokens, sampling (core.sampling.Sampling
-    fields; absent: greedy)}. `modes`: mode -> {max_num_seqs, warmup_prompts, rounds}; the engines
-    admit the largest max_num_seqs, and a row keeps its mode's number of requests in flight
-    (serial: one). Serial rows time the engines prompt by prompt (order flipped every prompt),
+    fields; absent: greedy)}. `modes`: mode -> {max_num_seqs, warmup_prompts, warmup_tokens,
+    rounds}; the engines admit the largest max_num_seqs, and a row keeps its mode's number of
+    requests in flight (serial: one). Serial rows time the engines prompt by prompt (order flipped every prompt),
     batched rows in `rounds` rounds of the whole batch per engine, in ABBA order. `model_dir`
     replaces the target as the method's served model (an MTP export holds the target's weights
     plus its MTP layers); `draft_dir` is a draft LM's or the EAGLE-3 drafter's export.
@@ -224,11 +224,12 @@ def bench_vllm(*, target_dir: str, method: str, variant: str | None, params: dic
         draft_shape = f"chain k={k}, ours in vLLM"
     else:
         draft_shape = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
-    summaries, records = [], []
+    summaries, records, warmed = [], [], set()
     for r in rows:
         row_settings = {**settings, "vllm_repairs": repairs if r in sampled_rows else []}
         s, recs = _run_row(label, r, modes[r["mode"]], row_settings, {"method": llm, "baseline": base_llm},
-                           resamples)
+                           resamples, warmed=r["mode"] in warmed)
+        warmed.add(r["mode"])
         summaries.append({**s, "draft_shape": draft_shape})
         records += [{"mode": r["mode"], **rec} for rec in recs]
     write_jsonl(out_records, records)
@@ -236,9 +237,11 @@ def bench_vllm(*, target_dir: str, method: str, variant: str | None, params: dic
     return {"method": label, "rows": summaries}
 
 
-def _run_row(label: str, row: dict, mode: dict, settings: dict, engines: dict, resamples: int):
+def _run_row(label: str, row: dict, mode: dict, settings: dict, engines: dict, resamples: int,
+             warmed: bool = False):
     """One row (a data set in one mode) through the two started engines: its warm-up, then the
-    alternating timed pass. Returns (summary, both arms' records)."""
+    alternating timed pass. `warmed`: an earlier row of the job ran this mode. Returns (summary,
+    both arms' records)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -251,10 +254,17 @@ def _run_row(label: str, row: dict, mode: dict, settings: dict, engines: dict, r
     skipped = [{"id": p["id"], "prompt_tokens": len(p["prompt_ids"]), "context": max_model_len}
                for p in prompts if p not in fits]
     rounds = mode.get("rounds", 4)
-    warmup = mode.get("warmup_prompts", 1)
+    # serial: `warmup_prompts` whole decodes. Batched: one batch of the row's prompts, as the
+    # timed rounds send it, decoded whole on the job's first batched row (every batch shape the
+    # rounds meet is built before the timing); a later batched row reuses those shapes and warms
+    # only its own prefills and sampler path, on `warmup_tokens` per request
+    warmup = mode.get("warmup_prompts", 1) if serial else min(mode["max_num_seqs"], len(fits))
+    warmup_tokens = max_new_tokens
+    if warmed and not serial:
+        warmup_tokens = min(mode.get("warmup_tokens") or max_new_tokens, max_new_tokens)
     settings = {**settings, "mode": row["mode"], "max_num_seqs": mode["max_num_seqs"],
                 "requests_in_flight": 1 if serial else min(mode["max_num_seqs"], len(fits)),
-                "max_new_tokens": max_new_tokens, "warmup_prompts": warmup,
+                "max_new_tokens": max_new_tokens, "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
                 "rounds": None if serial else rounds, "prompts_file": str(row["prompts"]), "limit": limit,
                 "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
     if sampled.greedy:
@@ -264,11 +274,11 @@ def _run_row(label: str, row: dict, mode: dict, settings: dict, engines: dict, r
                                      seed=sampled.for_prompt(i).seed, ignore_eos=True, max_tokens=max_new_tokens)
                       for i in range(len(fits))]
     inputs = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in fits]
-    # batched rows warm up on a whole batch (max_num_seqs prompts): every batch shape the timed
-    # rounds meet is then built before the timing starts
-    n_warm = warmup if serial else max(warmup, 1) * mode["max_num_seqs"]
+    warm_params = [p.clone() for p in per_prompt[:warmup]]
+    for p in warm_params:
+        p.max_tokens = warmup_tokens
     for engine in (engines["method"], engines["baseline"]):   # warm-up: not measured
-        engine.generate(inputs[:n_warm], per_prompt[:n_warm], use_tqdm=False)
+        engine.generate(inputs[:warmup], warm_params, use_tqdm=False)
 
     # vLLM's counters are process-wide, but only the method's engine drafts: their difference
     # over the measured pass is its acceptance
