@@ -1,4 +1,5 @@
 import json
+from xml.etree import ElementTree
 
 import pandas as pd
 import pytest
@@ -104,9 +105,15 @@ def test_sampled_rows_beside_the_greedy_ones(tmp_path):
         at(summary("ngram/k5", "bfloat16", 1.1, backend="vllm", requested="auto"), "chat_heldout_t07", 0.7),
     ])
     write_report(paths, str(tmp_path / "tables.md"), str(tmp_path / "plots"), str(tmp_path / "section.md"),
-                 out_rows=str(tmp_path / "rows.parquet"))
+                 out_rows=str(tmp_path / "rows.parquet"), out_html=str(tmp_path / "rows.html"))
     rows = pd.read_parquet(tmp_path / "rows.parquet")
     assert sorted(rows["temperature"]) == [0.0, 0.7, 0.7] and rows["headline"].sum() == 1
+    page = (tmp_path / "rows.html").read_text()   # the report's inline table
+    table = ElementTree.fromstring(page[page.index("<table"): page.index("</table>") + len("</table>")])
+    header = [th.text for th in table.iter("th")]
+    cells = [[td.text for td in tr.iter("td")] for tr in table.find("tbody")]
+    assert header[:5] == ["backend", "mode", "dataset", "dtype", "method"] and len(cells) == 3
+    assert sorted(float(row[header.index("speedup")]) for row in cells) == [1.1, 1.3, 1.5]
     tables = (tmp_path / "tables.md").read_text()
     head = tables.split("## Headline")[1].split("\n## ")[0]
     assert "Held-out T=0.7 speedup [95% CI]" in head and "1.30x [1.20, 1.40]" in head

@@ -257,7 +257,7 @@ def cmd_generate(a):
 def cmd_report(a):
     from .report.tables import write_report
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.checkpoints,
-                 out_rows=a.out_rows, out_csv=a.out_csv)
+                 out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html)
 
 
 def cmd_job_costs(a):
@@ -417,6 +417,7 @@ def _report_verbs(sub) -> None:
     s.add_argument("--out-tables", required=True)
     s.add_argument("--out-rows", help="the tidy results table (parquet)")
     s.add_argument("--out-csv", help="the rows' main columns (CSV, for the Snakemake report)")
+    s.add_argument("--out-html", help="the same columns as an HTML table (the Snakemake report shows it inline)")
     s.add_argument("--plots-dir", required=True)
     s.add_argument("--readme-section", required=True)
     s.add_argument("--checkpoints", nargs="*", default=[], help="trained proposers' checkpoint directories")

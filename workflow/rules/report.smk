@@ -20,7 +20,9 @@ rule report:
                           category="Results", labels={"figure": "acceptance by position", "backend": "all",
                                                       "dataset": "all"}),
         csv=report("results/rows.csv", caption="../report/rows.rst", category="Tables",
-                   labels={"table": "every row", "backend": "all", "dataset": "all"}),
+                   labels={"table": "every row (CSV)", "backend": "all", "dataset": "all"}),
+        html=report("results/rows.html", caption="../report/rows.rst", category="Tables",
+                    labels={"table": "every row", "backend": "all", "dataset": "all"}),
     params:
         configs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.checkpoints),
     threads: rule_threads("report")
@@ -34,7 +36,7 @@ rule report:
         "benchmarks/report/report.tsv"
     shell:
         "python -m specdec report --summaries {input.summaries} --out-tables {output.tables} --out-rows {output.rows}"
-        " --out-csv {output.csv}"
+        " --out-csv {output.csv} --out-html {output.html}"
         " --checkpoints {params.configs} --plots-dir results/plots --readme-section {output.section} > {log} 2>&1"
 
 

@@ -302,8 +302,22 @@ CSV_COLUMNS = ["backend", "mode", "dataset", "dtype", "method", "variant", "prom
                "baseline_throughput_tok_s", "error"]
 
 
+HTML_STYLE = ("table{border-collapse:collapse;font:12px sans-serif}"
+              "th,td{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#eee}")
+
+
+def rows_html(frame: pd.DataFrame) -> str:
+    """The CSV's rows as a page the Snakemake report shows inline (it only offers a CSV as a
+    download)."""
+    table = frame.reindex(columns=CSV_COLUMNS).to_html(index=False, na_rep="-", border=0,
+                                                       float_format=lambda x: f"{x:.4g}")
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><style>{HTML_STYLE}</style></head>"
+            f"<body>{table}</body></html>\n")
+
+
 def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section: str,
-                 checkpoint_configs=(), out_rows: str | None = None, out_csv: str | None = None) -> None:
+                 checkpoint_configs=(), out_rows: str | None = None, out_csv: str | None = None,
+                 out_html: str | None = None) -> None:
     """The tables, the plots, the tidy rows and the README's results section (its links relative
     to the working directory, where README.md is; `specdec publish` copies it into the README)."""
     from .plots import plot_all
@@ -314,6 +328,8 @@ def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section:
     if out_csv:   # the rows a reader compares, for the Snakemake report
         with atomic_path(out_csv) as tmp:
             frame.reindex(columns=CSV_COLUMNS).to_csv(tmp, index=False, float_format="%.4g")
+    if out_html:
+        write_text(out_html, rows_html(frame))
     tables = render_tables(frame)
     ckpts = render_checkpoints(list(checkpoint_configs))
     if ckpts:
