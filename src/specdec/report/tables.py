@@ -297,7 +297,7 @@ def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | Non
     return "\n".join(lines)
 
 
-CSV_COLUMNS = ["backend", "mode", "dataset", "dtype", "method", "variant", "prompts", "speedup", "ci_low",
+CSV_COLUMNS = ["backend", "mode", "dataset", "dtype", "method", "variant", "proposer", "prompts", "speedup", "ci_low",
                "ci_high", "acceptance_rate", "tau", "matches_baseline", "throughput_tok_s",
                "baseline_throughput_tok_s", "error"]
 
