@@ -142,6 +142,49 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
     assert benchmarks == 28 and most == 2 and not running   # 19 PyTorch jobs, 9 vLLM jobs (38 rows)
 
 
+# Debian's chromium, headless, on a machine whose network is closed (no background connections)
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.mark.integration
+def test_report_shows_its_plots_and_tables_in_headless_chromium(smoke_run, tmp_path):
+    """`snakemake --report` opened in Debian's headless Chromium (through Playwright): the Results
+    category opens the speedup plot, the Tables category the rows table, and both render
+    (screenshots: report-*.png in the test's temp dir)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the test extra installs playwright")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it: apt-get install chromium)")
+    html = tmp_path / "report.html"
+    smk(smoke_run, "--report", str(html), "--cores", "1", *SMOKE)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(html.as_uri())
+
+        def open_result(category: str, label: str):
+            # a category with one subcategory opens its table of results; a row's first link
+            # (the eye) shows the result
+            page.locator("nav a", has_text=re.compile(f"^{category}$")).click()
+            cell = page.locator("td", has_text=re.compile(f"^{re.escape(label)}$"))
+            page.locator("tr").filter(has=cell).locator("a").first.click()
+
+        open_result("Results", "speedup")
+        plot = page.locator("img[src^='data:image/png']")
+        plot.first.wait_for()
+        assert plot.count() == 1 and plot.evaluate("img => img.naturalWidth") > 300
+        page.screenshot(path=str(tmp_path / "report-speedup.png"))
+        page.goto(html.as_uri())
+        open_result("Tables", "every row")
+        frame = page.frame_locator("iframe")
+        frame.locator("tbody tr").first.wait_for()
+        assert frame.locator("th", has_text=re.compile("^speedup$")).count() == 1
+        assert frame.locator("tbody tr").count() == 38
+        page.screenshot(path=str(tmp_path / "report-rows.png"))
+        browser.close()
+
+
 def test_slurm_profile_requests_what_each_rule_needs():
     """A dry run of the full-scale config through the SLURM profile: every job states its cores,
     memory, runtime and, where it needs one, its GPU."""
