@@ -155,8 +155,8 @@ def bench_vllm(*, target_dir: str, method: str, variant: str | None, params: dic
     {mode, dataset, prompts (a prompt file), limit, max_new_tokens, sampling (core.sampling.Sampling
     fields; absent: greedy)}. `modes`: mode -> {max_num_seqs, warmup_prompts, warmup_tokens,
     rounds}; the engines admit the largest max_num_seqs, and a row keeps its mode's number of
-    requests in flight (serial: one). Serial rows time the engines prompt by prompt (order flipped every prompt),
-    batched rows in `rounds` rounds of the whole batch per engine, in ABBA order. `model_dir`
+    requests in flight (serial: one). Serial rows time the engines prompt by prompt (order flipped
+    every prompt), batched rows in `rounds` rounds of the whole batch per engine, in ABBA order. `model_dir`
     replaces the target as the method's served model (an MTP export holds the target's weights
     plus its MTP layers); `draft_dir` is a draft LM's or the EAGLE-3 drafter's export.
     `proposer`: "vllm" (vLLM's own implementation of the method) or "specdec" (ours, through

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..data.records import atomic_path, read_json, write_text
+from ..data.records import atomic_path, write_text
 from .rows import HEADLINE, rows_frame, write_rows
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -242,19 +242,13 @@ def render_tables(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def checkpoint_record(ckpt_dir: str) -> tuple[str, dict]:
-    """A trained checkpoint's record: specdec.json beside a Hugging Face draft LM's own
-    config.json, else the proposer's config.json."""
-    d = Path(ckpt_dir)
-    p = d / "specdec.json" if (d / "specdec.json").is_file() else d / "config.json"
-    return str(p), read_json(p)
-
-
 def render_checkpoints(ckpt_dirs) -> str:
     """The trained proposers: training cost and the eval proxy (accuracy per head / module /
     draft position)."""
     if not ckpt_dirs:
         return ""
+    from ..train.checkpoint import checkpoint_record  # imports torch: only where checkpoints are listed
+
     rows = []
     for d in ckpt_dirs:
         p, c = checkpoint_record(d)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..data.records import atomic_path, write_json
+from ..data.records import atomic_path, read_json, write_json
 
 
 class CheckpointMismatch(ValueError):
@@ -20,6 +20,14 @@ class CheckpointMismatch(ValueError):
 def target_signature(config) -> dict:
     return {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
             "num_layers": config.num_hidden_layers, "model_type": config.model_type}
+
+
+def checkpoint_record(ckpt_dir: str) -> tuple[str, dict]:
+    """A trained checkpoint's record (training settings, log, eval proxy): specdec.json beside a
+    Hugging Face draft LM's own config.json, else the proposer's config.json. -> (path, contents)"""
+    d = Path(ckpt_dir)
+    p = d / "specdec.json" if (d / "specdec.json").is_file() else d / "config.json"
+    return str(p), read_json(p)
 
 
 def save_proposer(out_dir: str, method: str, settings: dict, state: dict[str, torch.Tensor],

@@ -10,16 +10,15 @@ evaluation and how it saves.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from . import loop
+from .checkpoint import checkpoint_record
 from .hidden import HiddenStates, Sequence
 
 
@@ -95,7 +94,7 @@ PROBE_MARGIN = 1.15      # fp32 replaces the speed dtype only when this much fas
 
 def _seconds_per_step(method, target, data, settings: dict, tcfg, device: str) -> float:
     """A throwaway copy of the run in tcfg.dtype: one untimed step, then the mean of PROBE_STEPS
-    (forward, backward, AdamW step) on the run's own first batches."""
+    (forward and the loop's optimizer step) on the run's own first batches."""
     torch.manual_seed(tcfg.seed)
     trainee = method.setup(target, data, settings, tcfg, device)
     module = trainee.module.train()
@@ -105,9 +104,7 @@ def _seconds_per_step(method, target, data, settings: dict, tcfg, device: str) -
     for step in range(1 + PROBE_STEPS):
         t0 = time.perf_counter()
         loss, _ = trainee.loss(module, batch_indices(step, tcfg.batch_size, trainee.examples, tcfg.seed), step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loop.optimizer_step(loss, opt, params, tcfg.max_grad_norm)
         if step:
             elapsed += time.perf_counter() - t0
     return elapsed / PROBE_STEPS
@@ -129,13 +126,6 @@ def choose_dtype(method, target, data, settings: dict, tcfg, device: str) -> tup
     if t["float32"] * PROBE_MARGIN < t[speed]:
         return "float32", f"fp32 trains faster on this host: {timing}"
     return speed, f"{why}; {timing}"
-
-
-def saved_train_dtype(ckpt_dir: str) -> str:
-    """The dtype a saved checkpoint was trained in (its config records the choice `auto` made)."""
-    d = Path(ckpt_dir)
-    meta = d / "specdec.json" if (d / "specdec.json").is_file() else d / "config.json"
-    return json.loads(meta.read_text())["train"]["dtype"]
 
 
 def train_checkpoint(method, *, hidden_path: str, target_dir: str, out_dir: str, settings: dict,
@@ -170,8 +160,8 @@ def reevaluate(method, ckpt_dir: str, *, hidden_path: str, target_dir: str, sett
     """A saved checkpoint's eval proxy, computed again: the method's evaluation on the same data,
     with the module its own loader reads from `ckpt_dir`."""
     tcfg, target, _, data = _prepare(method, hidden_path, target_dir, settings, overlap)
-    if tcfg.dtype == "auto":
-        tcfg = replace(tcfg, dtype=saved_train_dtype(ckpt_dir))
+    if tcfg.dtype == "auto":   # the dtype the checkpoint was trained in (the choice `auto` made)
+        tcfg = replace(tcfg, dtype=checkpoint_record(ckpt_dir)[1]["train"]["dtype"])
     trainee = method.setup(target, data, settings, tcfg, device)
     module = method.load_module(ckpt_dir, target).to(device, getattr(torch, tcfg.dtype)).eval()
     with torch.no_grad():

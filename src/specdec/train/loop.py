@@ -54,6 +54,15 @@ def _save(path: Path, state: dict) -> None:
         torch.save(state, tmp)
 
 
+def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list, max_grad_norm: float):
+    """Backward, clip to max_grad_norm (0: no clipping), step; returns the gradient norm (or None)."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if max_grad_norm else None
+    opt.step()
+    return grad_norm
+
+
 def train(module: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, int], tuple[torch.Tensor, dict]],
           cfg: TrainConfig, out_dir: str | os.PathLike, run_id: str, desc: str = "train") -> list[dict]:
     """Train `module` in place for cfg.steps; returns the log (one dict per logged step, with
@@ -84,10 +93,7 @@ def train(module: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, int], tup
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         loss, metrics = loss_fn(module, step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm) if cfg.max_grad_norm else None
-        opt.step()
+        grad_norm = optimizer_step(loss, opt, params, cfg.max_grad_norm)
         window.append({"loss": loss.item(), **metrics})
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             row = {"step": step + 1, "lr": lr_at(step, cfg), "elapsed_s": spent + time.perf_counter() - t0,
