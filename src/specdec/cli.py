@@ -164,14 +164,13 @@ def cmd_train(a):
 
 def cmd_bench_torch(a):
     from .backends.torch_bench import bench_torch
-    s = bench_torch(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, method=a.method,
-                    variant=a.variant, params=a.params, out_records=a.out_records,
-                    out_summary=a.out_summary, limit=a.limit, max_new_tokens=a.max_new_tokens,
-                    warmup=a.warmup, dtype=a.dtype, device=a.device, threads=a.threads,
-                    resamples=a.resamples, counterpart=a.counterpart,
-                    counterpart_params=a.counterpart_params, sampling=a.sampling)
-    keys = ("throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline")
-    print(json.dumps({k: s.get(k) for k in keys}))
+    out = bench_torch(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, arms=a.arms,
+                      out_records=a.out_records, out_summary=a.out_summary, limit=a.limit,
+                      max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype, device=a.device,
+                      threads=a.threads, resamples=a.resamples, sampling=a.sampling)
+    keys = ("method", "throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline")
+    for row in out["rows"]:
+        print(json.dumps({k: row.get(k) for k in keys}))
 
 
 def cmd_bench_vllm(a):
@@ -279,13 +278,10 @@ def cmd_drift(a):
 
 
 def add_bench_args(s: argparse.ArgumentParser) -> None:
-    """What both benchmark backends take: the target, the prompts, one method and its settings."""
+    """What the PyTorch benchmark takes: the target, the prompts and the decode settings."""
     s.add_argument("--target", required=True)
     s.add_argument("--prompts", required=True)
     s.add_argument("--dataset", required=True)
-    s.add_argument("--method", required=True)
-    s.add_argument("--variant")
-    s.add_argument("--params", type=_json, default={})
     s.add_argument("--limit", type=int)
     s.add_argument("--max-new-tokens", type=int, required=True)
     s.add_argument("--warmup", type=int, default=1)
@@ -377,11 +373,12 @@ def _train_verbs(sub) -> None:
 
 
 def _bench_verbs(sub) -> None:
-    s = sub.add_parser("bench-torch", help="benchmark one method with the PyTorch loop")
+    s = sub.add_parser("bench-torch", help="the methods of one data set against one baseline, PyTorch loop")
     add_bench_args(s)
     _device_args(s, dtype=None)
-    s.add_argument("--counterpart", help="a Hugging Face peer's arm of ours (a method), also timed interleaved")
-    s.add_argument("--counterpart-params", type=_json, default={})
+    s.add_argument("--arms", type=_json_list, required=True,
+                   help='JSON list of the methods timed: {"method", "variant", "params", "compare_with"}'
+                        ' (compare_with: a Hugging Face peer\'s arm of ours, "method/variant", in this job)')
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)

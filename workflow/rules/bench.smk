@@ -1,6 +1,7 @@
-# Benchmarks with our PyTorch loop. Each job times its method and the greedy baseline (and a
-# Hugging Face peer's arm of ours) in one process, alternating prompt by prompt: every speedup is
-# paired, with a bootstrap interval over prompts. The baseline arm is also the reference for the
+# Benchmarks with our PyTorch loop. One job per (dtype, data set) loads the target once and times
+# every method configured there and one greedy baseline arm (and a Hugging Face peer's arm of ours)
+# in one process, each prompt decoded by every arm in a rotating order: every speedup is paired,
+# with a bootstrap interval over prompts. The baseline arm is also the reference for the
 # token-by-token equality check. {root} is results/, or results/rerun/ for the drift check.
 
 
@@ -18,15 +19,14 @@ rule bench_torch:
         target=TARGET,
         prompts=dataset_prompts,
         code=CORE_SOURCES,
-        method_code=lambda wc: method_sources(wc.method),
-        checkpoint=method_checkpoint,
+        method_code=torch_job_sources,
+        checkpoints=torch_job_checkpoints,
     output:
-        records="{root}/torch/{dtype}/{dataset}/{method}-{variant}.jsonl",
-        summary="{root}/torch/{dtype}/{dataset}/{method}-{variant}.summary.json",
+        records="{root}/torch/{dtype}/{dataset}.jsonl",
+        summary="{root}/torch/{dtype}/{dataset}.summary.json",
     params:
         target=target_dir,
-        method_params=method_params,
-        counterpart=counterpart_args,
+        arms=torch_job_arms,
         sampling=sampling_args,
         limit=lambda wc: bench_setting(wc.dataset, wc.dtype, "prompts"),
         max_new=lambda wc: bench_setting(wc.dataset, wc.dtype, "max_new_tokens"),
@@ -40,13 +40,12 @@ rule bench_torch:
     conda:
         CONDA_ENV
     log:
-        "logs/bench_torch/{root}/{dtype}-{dataset}-{method}-{variant}.log",
+        "logs/bench_torch/{root}/{dtype}-{dataset}.log",
     benchmark:
-        "benchmarks/bench_torch/{root}/{dtype}-{dataset}-{method}-{variant}.tsv"
+        "benchmarks/bench_torch/{root}/{dtype}-{dataset}.tsv"
     shell:
         "python -m specdec bench-torch --target {params.target} --prompts {input.prompts} --dataset {wildcards.dataset}"
-        " --method {wildcards.method} --variant {wildcards.variant} --params '{params.method_params}'"
-        " {params.counterpart} --limit {params.limit} --max-new-tokens {params.max_new}"
+        " --arms '{params.arms}' --limit {params.limit} --max-new-tokens {params.max_new}"
         " --warmup {params.warmup} --resamples {params.resamples} --dtype {wildcards.dtype}"
         " --device {params.device} --threads {params.threads} {params.sampling}"
         " --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"

@@ -121,23 +121,10 @@ HIDDEN_SOURCES = [str(SRC / "train" / "hidden.py"), str(SRC / "data" / "records.
 
 
 def method_sources(method):
-    """The method's files from the registry (its module and the shared modules it imports; a
-    Hugging Face peer: its backend), plus the method of the arm a peer is timed against. The
-    registry table itself (methods/__init__.py) is not an input: adding a method reruns nothing."""
-    other = config["methods"][method].get("compare_with")
-    extra = [] if other is None else method_sources(other.split("/")[0])
-    return sorted(set(registry.source_files(method) + extra))
-
-
-def counterpart_args(wildcards):
-    """--counterpart for a Hugging Face peer: the arm of ours it is also timed against, in one job."""
-    other = config["methods"][wildcards.method].get("compare_with")
-    if other is None:
-        return ""
-    name, variant = other.split("/")
-    if variant not in config["methods"].get(name, {}).get("variants", {}):
-        raise ValueError(f"config: methods.{wildcards.method}.compare_with: no methods.{name}.variants.{variant}")
-    return f"--counterpart {name} --counterpart-params '{json.dumps(resolved_params(name, variant))}'"
+    """The method's files from the registry: its module and the shared modules it imports (a
+    Hugging Face peer: its backend). The registry table itself (methods/__init__.py) is not an
+    input: adding a method reruns nothing."""
+    return registry.source_files(method)
 
 
 def dataset_dtypes(dataset):
@@ -161,17 +148,54 @@ def method_dtypes(method, dataset):
     return spec
 
 
-def torch_method_summaries(root="results"):
+def torch_arms(dtype, dataset):
+    """(method, variant) of every row our PyTorch loop runs on one data set in one dtype."""
+    if dtype not in dataset_dtypes(dataset):
+        return []
+    arms = []
+    for method, spec in config["methods"].items():
+        if dataset in spec["datasets"] and dtype in method_dtypes(method, dataset):
+            arms += [(method, v) for v in spec["variants"] if variant_runs(method, v, dataset, dtype)]
+    return arms
+
+
+def torch_summaries(root="results"):
+    """One summary per PyTorch job: every method of a (dtype, data set) against one baseline."""
+    return [f"{root}/torch/{dtype}/{dataset}.summary.json" for dtype in config["bench"]["dtypes"]
+            for dataset in config["bench"]["datasets"] if torch_arms(dtype, dataset)]
+
+
+def torch_job_arms(wildcards):
+    """--arms of a PyTorch job: each method variant with its resolved parameters, and for a Hugging
+    Face peer the arm of ours it is also compared with (compare_with), which runs in the same job."""
+    arms = torch_arms(wildcards.dtype, wildcards.dataset)
+    if not arms:
+        raise ValueError(f"config: no method runs on {wildcards.dataset} in {wildcards.dtype}")
+    labels = {f"{m}/{v}" for m, v in arms}
     out = []
-    for dtype in config["bench"]["dtypes"]:
-        for method, spec in config["methods"].items():
-            for dataset in spec["datasets"]:   # every one in bench.datasets (check_dataset_names)
-                if dtype not in method_dtypes(method, dataset) or dtype not in dataset_dtypes(dataset):
-                    continue
-                for variant in spec["variants"]:
-                    if variant_runs(method, variant, dataset, dtype):
-                        out.append(f"{root}/torch/{dtype}/{dataset}/{method}-{variant}.summary.json")
-    return out
+    for method, variant in arms:
+        other = config["methods"][method].get("compare_with")
+        if other is not None and other not in labels:
+            raise ValueError(f"config: methods.{method}.compare_with: {other} does not run on "
+                             f"{wildcards.dataset} in {wildcards.dtype}, where {method}/{variant} does")
+        out.append({"method": method, "variant": variant, "params": resolved_params(method, variant),
+                    "compare_with": other})
+    return json.dumps(out)
+
+
+def torch_job_sources(wildcards):
+    """The files of every method in a PyTorch job (its registry entry: module and shared modules)."""
+    return sorted({f for m, _ in torch_arms(wildcards.dtype, wildcards.dataset) for f in method_sources(m)})
+
+
+def torch_job_checkpoints(wildcards):
+    """The manifests (written last) of the checkpoints the job's method variants run."""
+    out = set()
+    for method, variant in torch_arms(wildcards.dtype, wildcards.dataset):
+        name = variant_params(method, variant).get("checkpoint")
+        if name is not None:
+            out.add(f"{checkpoint_dir(method, name)}/manifest.json")
+    return sorted(out)
 
 
 def variant_runs(method, variant, dataset, dtype=None):
@@ -302,21 +326,6 @@ def checkpoint_dir(method, name):
     if name not in config.get("train", {}).get("checkpoints", {}).get(method, {}):
         raise ValueError(f"config: methods.{method}: checkpoint {name!r} is not in train.checkpoints.{method}")
     return f"checkpoints/{method}/{name}"
-
-
-def method_checkpoint(wildcards):
-    """A learned method's variant names a checkpoint: its manifest (written last) is an input,
-    and so is the checkpoint of the arm a peer is timed against."""
-    arms = [(wildcards.method, wildcards.variant)]
-    other = config["methods"][wildcards.method].get("compare_with")
-    if other is not None:
-        arms.append(tuple(other.split("/")))
-    out = []
-    for method, variant in arms:
-        name = variant_params(method, variant).get("checkpoint")
-        if name is not None:
-            out.append(f"{checkpoint_dir(method, name)}/manifest.json")
-    return sorted(set(out))
 
 
 def resolved_params(method, variant):

@@ -5,7 +5,7 @@
 
 rule report:
     input:
-        summaries=torch_method_summaries() + vllm_summaries(),
+        summaries=torch_summaries() + vllm_summaries(),
         checkpoints=trained_checkpoints(),
         code=[str(SRC / "report" / f) for f in ("rows.py", "tables.py", "plots.py")],
     output:
@@ -44,8 +44,8 @@ rule report:
 # trained checkpoints and data are reused), then the per-row drift of the speedups
 rule drift:
     input:
-        first=torch_method_summaries() + vllm_summaries(),
-        second=torch_method_summaries("results/rerun") + vllm_summaries("results/rerun"),
+        first=torch_summaries() + vllm_summaries(),
+        second=torch_summaries("results/rerun") + vllm_summaries("results/rerun"),
         code=[str(SRC / "report" / f) for f in ("rows.py", "drift.py")],
     output:
         "results/drift.md",

@@ -1,11 +1,19 @@
-"""Benchmark one method (or a Hugging Face peer) against the greedy baseline with our PyTorch
-loop, both arms timed in one process.
+"""Benchmark the methods of one evaluation set against one greedy baseline with our PyTorch loop,
+every arm timed in one process.
 
-Model loading is outside the timings; the first `warmup` prompts are decoded once untimed, for
-WARMUP_TOKENS new tokens (prefill and steady-state steps: allocator, kernels, caches).
+One job per (data set, dtype): the target is loaded once, every method's proposer is built on it,
+and each prompt is decoded by every arm in turn, the baseline included. The arm order rotates by
+one position per prompt, so that over the set each arm runs equally often in each position (no
+arm always runs first, on a colder machine, or right after the same neighbour). Each method's
+speedup is the shared baseline arm's wall time over its own, on the same prompts, with a paired
+bootstrap interval over prompts; the baseline arm is also the reference for the token-by-token
+check.
+
+Model loading is outside the timings; the first `warmup` prompts are decoded once untimed by every
+arm, for WARMUP_TOKENS new tokens (prefill and steady-state steps: allocator, kernels, caches).
 Prompts that do not fit the context (prompt + max_new_tokens + draft margin) are skipped and
-listed in the summary. Records and summary follow core.metrics.
-Sampled rows (T > 0): prompt i decodes with seed + i in both arms, and both arms decode exactly
+listed in every row. Records and rows follow core.metrics.
+Sampled sets (T > 0): prompt i decodes with seed + i in every arm, and every arm decodes exactly
 max_new_tokens (EOS ignored), since their sampled texts differ: the wall ratio stays a ratio of
 equal work.
 """
@@ -26,6 +34,30 @@ from .hf_generate import PEERS, hf_decode, peer_kwargs
 
 DRAFT_MARGIN = 64  # room left in the context for draft nodes
 WARMUP_TOKENS = 16  # a warm-up decode runs prefill and steady-state steps; more tokens add nothing
+BASELINE = "baseline"
+
+
+def arm_label(arm: dict) -> str:
+    return arm["method"] if arm.get("variant") is None else f"{arm['method']}/{arm['variant']}"
+
+
+def check_arms(arms: list[dict]) -> None:
+    """Arms are {"method", "variant", "params", "compare_with"}: distinct labels, no baseline (every
+    job times its own), and a peer's compare_with names another arm of the same job."""
+    if not arms:
+        raise ValueError("no arms to benchmark: name at least one method")
+    labels = [arm_label(a) for a in arms]
+    for arm, label in zip(arms, labels):
+        unknown = set(arm) - {"method", "variant", "params", "compare_with"}
+        if unknown:
+            raise ValueError(f"arm {label}: unknown field(s) {sorted(unknown)}")
+        if arm["method"] == BASELINE:
+            raise ValueError("the baseline is timed inside every job; benchmark a method")
+        if labels.count(label) > 1:
+            raise ValueError(f"arm {label} is listed twice")
+        other = arm.get("compare_with")
+        if other is not None and other not in labels:
+            raise ValueError(f"arm {label}: compare_with {other!r} is not an arm of this job ({', '.join(labels)})")
 
 
 def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int], sampling: Sampling):
@@ -37,7 +69,7 @@ def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int]
         kwargs = peer_kwargs(method, params, model)
         return (lambda ids, index, n=max_new_tokens: hf_decode(model, ids, n, eos, kwargs)), None
     target = TargetModel(model)
-    proposer = None if method == "baseline" else build_proposer(method, params, target)
+    proposer = None if method == BASELINE else build_proposer(method, params, target)
     return (lambda ids, index, n=max_new_tokens:
             decode(target, ids, n, eos, proposer, sampling=sampling.for_prompt(index))), proposer
 
@@ -53,20 +85,23 @@ def _record(p: dict, r, dataset: str, label: str) -> dict:
         matches_baseline=None, first_divergence=None)
 
 
-def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str, variant: str | None,
-                params: dict, out_records: str, out_summary: str, limit: int | None = None,
-                max_new_tokens: int = 64, warmup: int = 1, dtype: str = "auto", device: str = "cpu",
-                threads: int = 0, resamples: int = 10000, counterpart: str | None = None,
-                counterpart_params: dict | None = None, sampling: dict | None = None) -> dict:
-    """Benchmark `method` against the greedy baseline, both timed in this process on the same
-    prompts, alternating prompt by prompt with the order flipped every prompt (so neither arm
-    always runs on a warmer machine). The baseline arm gives the paired speedup and its interval,
-    and the reference outputs for the token-by-token check. A Hugging Face peer also times
-    `counterpart`, the arm of ours it is compared with (`same_run`). `dtype` "auto" is the host's
+def rotated(names: list[str], i: int) -> list[str]:
+    """The arm order for prompt i: the list rotated left by i."""
+    k = i % len(names)
+    return names[k:] + names[:k]
+
+
+def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[dict], out_records: str,
+                out_summary: str, limit: int | None = None, max_new_tokens: int = 64, warmup: int = 1,
+                dtype: str = "auto", device: str = "cpu", threads: int = 0, resamples: int = 10000,
+                sampling: dict | None = None) -> dict:
+    """Benchmark every arm ({"method", "variant", "params", "compare_with"}) against one greedy
+    baseline arm, all timed in this process on the same prompts, in a rotating order. Returns and
+    writes {"dataset", "rows": [one summary per arm]}. A Hugging Face peer's row also compares it
+    with the arm of ours named by its compare_with (`same_run`). `dtype` "auto" is the host's
     speed dtype (specdec.host). `sampling` (core.sampling.Sampling fields): greedy when absent or
     at temperature 0. Records of every arm go to `out_records`."""
-    if method == "baseline":
-        raise ValueError("the baseline is timed inside every method's job; benchmark a method")
+    check_arms(arms)
     set_threads(threads)
     sampled = Sampling(**(sampling or {}))
     dt = dtype_record(dtype, device)
@@ -74,7 +109,6 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str
     model = load_causal_lm(target_dir, dt["dtype"], device)
     tokenizer = load_tokenizer(target_dir)
     eos = eos_token_ids(model, tokenizer) if sampled.greedy else set()   # sampled rows: equal lengths
-    label = method if variant is None else f"{method}/{variant}"
 
     context = getattr(model.config, "max_position_embeddings", None) or 10**9
     fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens + DRAFT_MARGIN <= context]
@@ -83,54 +117,58 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, method: str
     if not fits:
         raise ValueError(f"{prompts_path}: no prompt fits the context of {context} tokens")
 
-    arms = {label: _runner(model, method, params, max_new_tokens, eos, sampled),
-            "baseline": _runner(model, "baseline", {}, max_new_tokens, eos, sampled)}
-    if counterpart is not None:
-        arms[counterpart] = _runner(model, counterpart, counterpart_params or {}, max_new_tokens, eos, sampled)
+    runners = {arm_label(a): _runner(model, a["method"], a.get("params") or {}, max_new_tokens, eos, sampled)
+               for a in arms}
+    runners[BASELINE] = _runner(model, BASELINE, {}, max_new_tokens, eos, sampled)
+    names = list(runners)
     warmup_tokens = min(max_new_tokens, WARMUP_TOKENS)
     for i, p in enumerate(fits[:warmup]):
-        for run, _ in arms.values():
-            run(p["prompt_ids"], i, warmup_tokens)  # warm-up: allocator, kernels, caches; not recorded
+        for name in names:
+            runners[name][0](p["prompt_ids"], i, warmup_tokens)  # allocator, kernels, caches; not recorded
 
-    records = {name: [] for name in arms}
-    bar = tqdm(fits, desc=f"{label} vs baseline on {dataset}", unit="prompt")
+    records = {name: [] for name in names}
+    bar = tqdm(fits, desc=f"{len(arms)} method(s) and the baseline on {dataset}", unit="prompt")
     for i, p in enumerate(bar):
-        order = list(arms) if i % 2 == 0 else list(arms)[::-1]
-        for name in order:
-            r = arms[name][0](p["prompt_ids"], i)
-            records[name].append(_record(p, r, dataset, name))
+        for name in rotated(names, i):
+            records[name].append(_record(p, runners[name][0](p["prompt_ids"], i), dataset, name))
         wall = {n: sum(r["wall_s"] for r in rs) for n, rs in records.items()}
-        bar.set_postfix(speedup=f"{wall['baseline'] / wall[label]:.2f}x")
-    for _, proposer in arms.values():
+        bar.set_postfix_str(" ".join(f"{n.split('/')[0]} {wall[BASELINE] / wall[n]:.2f}x"
+                                     for n in names if n != BASELINE))
+    for _, proposer in runners.values():
         if proposer is not None and hasattr(proposer, "close"):
             proposer.close()
 
-    base = records["baseline"]
+    base = records[BASELINE]
     attach_baseline(base, base)
-    for name in arms:
-        if name != "baseline":
-            attach_baseline(records[name], base)
-    settings = {"backend": "torch", "method": method, "variant": variant, "params": params,
-                **dt, "device": device, "max_new_tokens": max_new_tokens,
-                "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
-                "prompts_file": str(prompts_path), "target": str(target_dir),
-                "limit": limit, "counterpart": counterpart, "counterpart_params": counterpart_params,
-                "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
-    summary = summarize(records[label], base, settings, skipped, resamples)
-    if method == "hf_prompt_lookup":
-        summary["draft_shape"] = f"chain k={params.get('prompt_lookup_num_tokens', 10)}"
-    else:
-        summary["draft_shape"] = getattr(arms[label][1], "draft_shape", None)
-    if counterpart is not None:
-        summary["same_run"] = same_run_comparison(records[label], records[counterpart], counterpart, resamples)
+    rows = []
+    for arm in arms:
+        label = arm_label(arm)
+        attach_baseline(records[label], base)
+        settings = {"backend": "torch", "method": arm["method"], "variant": arm.get("variant"),
+                    "params": arm.get("params") or {}, **dt, "device": device, "max_new_tokens": max_new_tokens,
+                    "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
+                    "prompts_file": str(prompts_path), "target": str(target_dir), "limit": limit,
+                    "arms": names, "arm_order": "rotated by one per prompt",
+                    "compare_with": arm.get("compare_with"),
+                    "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
+        row = summarize(records[label], base, settings, skipped, resamples)
+        if arm["method"] == "hf_prompt_lookup":
+            row["draft_shape"] = f"chain k={arm['params'].get('prompt_lookup_num_tokens', 10)}"
+        else:
+            row["draft_shape"] = getattr(runners[label][1], "draft_shape", None)
+        if arm.get("compare_with"):
+            row["same_run"] = same_run_comparison(records[label], records[arm["compare_with"]],
+                                                  arm["compare_with"], resamples)
+        rows.append(row)
     write_jsonl(out_records, [r for rs in records.values() for r in rs])
-    write_json(out_summary, summary)
-    return summary
+    out = {"dataset": dataset, "dtype": dt["dtype"], "rows": rows}
+    write_json(out_summary, out)
+    return out
 
 
 def same_run_comparison(records: list[dict], other: list[dict], counterpart: str, resamples: int) -> dict:
-    """Our arm (`counterpart`) vs this arm (a Hugging Face peer), timed alternately in one process
-    on the same prompts: > 1 means ours is faster."""
+    """Our arm (`counterpart`) vs this arm (a Hugging Face peer), timed in one process on the same
+    prompts: > 1 means ours is faster."""
     boot = paired_bootstrap([r["wall_s"] for r in records], [o["wall_s"] for o in other], resamples)
     return {
         "counterpart": counterpart,

@@ -99,7 +99,7 @@ def acceptance_stats(drafted: list[int], accepted: list[int], depth: list[int] |
 
 
 def paired_speedup(base: list[dict], records: list[dict], resamples: int) -> dict:
-    """The baseline arm vs this arm, timed alternately in one process on the same prompts:
+    """The baseline arm vs this arm, timed interleaved in one process on the same prompts:
     aggregate speedup with its paired bootstrap interval, and per-prompt ratios."""
     boot = paired_bootstrap([b["wall_s"] for b in base], [r["wall_s"] for r in records], resamples)
     b_wall = sum(b["wall_s"] for b in base)
@@ -151,7 +151,7 @@ def summarize(records: list[dict], baseline: list[dict] | None, settings: dict,
               skipped: list[dict] | None = None, resamples: int = 10000,
               round_walls: dict[str, list[float]] | None = None) -> dict:
     """Aggregate one run. `baseline`: the baseline arm's records on the same prompts, timed in
-    the same process, alternating with this arm prompt by prompt. `round_walls` (batched
+    the same process, interleaved with this arm prompt by prompt. `round_walls` (batched
     throughput): {"method": [...], "baseline": [...]}, the whole batch's wall time per round,
     in place of per-prompt times."""
     if not records:

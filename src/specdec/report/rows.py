@@ -1,5 +1,6 @@
 """The tidy results table: one row per benchmark row summary, every summary field a column. A
-PyTorch job's summary file holds one row; a vLLM job's holds every row of its method variant.
+PyTorch job's summary file holds every method row of its (dtype, data set); a vLLM job's every row
+of its method variant.
 
 Key: (backend, mode, dataset, dtype, method, variant, proposer); proposer: whose implementation
 drafted ("specdec": ours, in our loop or inside vLLM; "vllm": vLLM's). Nested summary fields are flattened with
@@ -21,8 +22,8 @@ HEADLINE = {"backend": "torch", "dataset": "chat_heldout", "dtype_requested": "a
 
 
 def load_summaries(path) -> list[dict]:
-    """A job's summary file: one row's summary (a PyTorch job), or {"method", "rows": [...]} (a
-    vLLM job: every row of one method variant), each row checked."""
+    """A job's summary file, {"rows": [...]} (a PyTorch job: every method of one dtype and data
+    set; a vLLM job: every row of one method variant), or a single row's summary; each row checked."""
     s = read_json(path)
     rows = s["rows"] if isinstance(s.get("rows"), list) else [s]
     if not rows:
