@@ -132,7 +132,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
         for name in rotated(names, i):
             records[name].append(_record(p, runners[name][0](p["prompt_ids"], i), dataset, name))
         wall = {n: sum(r["wall_s"] for r in rs) for n, rs in records.items()}
-        bar.set_postfix_str(" ".join(f"{n.split('/')[0]} {wall[BASELINE] / wall[n]:.2f}x"
+        bar.set_postfix_str(" ".join(f"{n} {wall[BASELINE] / wall[n]:.2f}x"
                                      for n in names if n != BASELINE))
     for _, proposer in runners.values():
         if proposer is not None and hasattr(proposer, "close"):
