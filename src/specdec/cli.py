@@ -175,14 +175,12 @@ def cmd_bench_torch(a):
 
 def cmd_bench_vllm(a):
     from .backends.vllm_bench import bench_vllm
-    s = bench_vllm(target_dir=a.target, method=a.method, variant=a.variant, params=a.params, rows=a.rows,
-                   modes=a.modes, out_records=a.out_records, out_summary=a.out_summary, dtype=a.dtype,
-                   gpu_memory_utilization=a.gpu_memory_utilization,
+    s = bench_vllm(target_dir=a.target, arms=a.arms, rows=a.rows, modes=a.modes, out_records=a.out_records,
+                   out_summary=a.out_summary, dtype=a.dtype, gpu_memory_utilization=a.gpu_memory_utilization,
                    kv_cache_memory_bytes=a.kv_cache_memory_bytes, max_model_len=a.max_model_len,
-                   resamples=a.resamples, model_dir=a.model, draft_dir=a.draft_model,
-                   in_process=a.in_process, proposer=a.proposer)
-    keys = ("mode", "dataset", "throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau",
-            "matches_baseline", "error")
+                   resamples=a.resamples, in_process=a.in_process)
+    keys = ("method", "proposer", "mode", "dataset", "throughput_tok_s", "speedup", "speedup_ci",
+            "acceptance_rate", "tau", "matches_baseline", "error")
     for row in s["rows"]:
         print(json.dumps({k: row.get(k, row["settings"].get(k)) for k in keys}))
 
@@ -383,11 +381,11 @@ def _bench_verbs(sub) -> None:
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)
 
-    s = sub.add_parser("bench-vllm", help="one method variant through vLLM: all its rows, one pair of engines")
+    s = sub.add_parser("bench-vllm", help="every vLLM row of one prompt set: a baseline engine and one engine per arm")
     s.add_argument("--target", required=True)
-    s.add_argument("--method", required=True)
-    s.add_argument("--variant")
-    s.add_argument("--params", type=_json, default={})
+    s.add_argument("--arms", type=_json_list, required=True,
+                   help='JSON list of arms: {"method", "variant", "params", "proposer" (vllm: vLLM\'s implementation; '
+                        'specdec: ours inside vLLM), "export" (its vLLM export directory, if any), "datasets"}')
     s.add_argument("--rows", type=_json_list, required=True,
                    help='JSON list of rows: {"mode", "dataset", "prompts", "limit", "max_new_tokens", "sampling"}')
     s.add_argument("--modes", type=_json, required=True,
@@ -397,12 +395,8 @@ def _bench_verbs(sub) -> None:
     s.add_argument("--gpu-memory-utilization", type=float, required=True)
     s.add_argument("--kv-cache-memory-bytes", type=int, help="each engine's KV cache (overrides the utilization)")
     s.add_argument("--max-model-len", type=int, required=True)
-    s.add_argument("--model", help="serve this directory instead of the target (an MTP export)")
-    s.add_argument("--draft-model", help="the drafter's export directory (draft_model, pard, eagle3)")
     s.add_argument("--in-process", action="store_true",
-                   help="run vLLM's engine core and worker in this process (no child processes)")
-    s.add_argument("--proposer", choices=["vllm", "specdec"], default="vllm",
-                   help="vllm: vLLM's implementation of the method; specdec: ours inside vLLM (custom proposer hook)")
+                   help="run vLLM's engine cores and workers in this process (no child processes)")
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_vllm)

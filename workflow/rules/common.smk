@@ -1,6 +1,7 @@
 # Config accessors, output paths and the source files each rule depends on.
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -237,73 +238,101 @@ def vllm_plan(engine="vllm"):
     return plan
 
 
-def vllm_rows(engine, method, variant):
-    """The rows one vLLM job runs: each (mode, data set) where the config has this method variant,
-    with its prompt file, prompt count, decode length and sampling."""
-    rows = []
-    for mode in config["vllm"]["modes"]:
+def prompt_set(dataset):
+    """The prompt set a benchmark data set draws from (bench.datasets.X.prompts_from, or X)."""
+    return config["bench"]["datasets"][dataset].get("prompts_from", dataset)
+
+
+def vllm_arms():
+    """Every arm vLLM runs: (engine, method, variant) -> [data sets], for each method variant vLLM
+    runs (engine vllm) or ours inside vLLM runs (vllm_specdec)."""
+    arms = {}
+    for engine in ("vllm", "vllm_specdec"):
         for dataset, entries in vllm_plan(engine).items():
-            d = config["bench"]["datasets"][dataset]
-            if mode not in d.get("vllm_modes", [mode]) or not variant_runs(method, variant, dataset):
-                continue
             for entry in entries:   # a method (each of its variants) or method/variant
-                name, _, only = entry.partition("/")
-                if name == method and only in ("", variant):
-                    dtype = config["vllm"]["dtype"]
-                    rows.append({"mode": mode, "dataset": dataset, "prompts": dataset_prompts(dataset),
-                                 "limit": bench_setting(dataset, dtype, "prompts", "vllm"),
-                                 "max_new_tokens": bench_setting(dataset, dtype, "max_new_tokens", "vllm"),
-                                 "sampling": d.get("sampling")})
-                    break
-    return rows
+                method, _, only = entry.partition("/")
+                for variant in [only] if only else config["methods"][method]["variants"]:
+                    if variant_runs(method, variant, dataset):
+                        arms.setdefault((engine, method, variant), []).append(dataset)
+    return arms
 
 
-def vllm_jobs(engine):
-    """(method, variant) of every vLLM job of this engine: one job per method variant, all its rows."""
-    jobs = []
-    for entries in vllm_plan(engine).values():
-        for entry in entries:
-            method, _, only = entry.partition("/")
-            for variant in [only] if only else config["methods"][method]["variants"]:
-                if (method, variant) not in jobs and vllm_rows(engine, method, variant):
-                    jobs.append((method, variant))
+def vllm_jobs():
+    """job name -> [((engine, method, variant), [data sets])]. vllm.jobs "prompt_set" (default):
+    one job per prompt set, every arm there against one baseline engine (an engine per arm in one
+    process); "arm": one job per arm, all its data sets, with its own baseline engine (where one
+    device cannot hold an engine per arm, as a 7B target on one GPU)."""
+    if not config.get("vllm"):
+        return {}
+    jobs = {}
+    for (engine, m, v), datasets in vllm_arms().items():
+        if config["vllm"].get("jobs", "prompt_set") == "arm":
+            jobs[f"{engine}-{m}-{v}"] = [((engine, m, v), datasets)]
+            continue
+        for prompts in dict.fromkeys(prompt_set(d) for d in datasets):
+            jobs.setdefault(prompts, []).append(((engine, m, v), [d for d in datasets if prompt_set(d) == prompts]))
     return jobs
 
 
+VLLM_JOBS = vllm_jobs()
+
+
+def vllm_rows(job):
+    """The rows of one vLLM job: each (mode, data set) where one of its arms runs, with its prompt
+    file, prompt count, decode length and sampling."""
+    datasets = {d for _, ds in VLLM_JOBS[job] for d in ds}
+    rows, dtype = [], config["vllm"]["dtype"]
+    for mode in config["vllm"]["modes"]:
+        for dataset, d in config["bench"]["datasets"].items():
+            if dataset in datasets and mode in d.get("vllm_modes", [mode]):
+                rows.append({"mode": mode, "dataset": dataset, "prompts": dataset_prompts(dataset),
+                             "limit": bench_setting(dataset, dtype, "prompts", "vllm"),
+                             "max_new_tokens": bench_setting(dataset, dtype, "max_new_tokens", "vllm"),
+                             "sampling": d.get("sampling")})
+    return rows
+
+
 def vllm_summaries(root="results"):
-    """One summary per vLLM job (its rows inside): vLLM's proposers, then ours inside vLLM."""
-    if not config.get("vllm"):
-        return []
-    return [f"{root}/{engine}/{method}-{variant}.summary.json"
-            for engine in ("vllm", "vllm_specdec") for method, variant in vllm_jobs(engine)]
+    """One summary per vLLM job, its rows inside."""
+    return [f"{root}/vllm/{job}.summary.json" for job in VLLM_JOBS]
+
+
+def vllm_export(method, variant):
+    """The export a vLLM method variant runs from, if its method serves one (registry: VLLM)."""
+    serving = registry.vllm_serving(method)
+    name = variant_params(method, variant).get("checkpoint")
+    if serving is None or serving.export is None or name is None:
+        return None
+    checkpoint_dir(method, name)
+    return f"checkpoints/vllm_exports/{method}-{name}"
+
+
+def vllm_job_exports(wildcards):
+    """The manifests (written last) of the exports the job's arms run from."""
+    return sorted({f"{vllm_export(m, v)}/manifest.json" for (engine, m, v), _ in VLLM_JOBS[wildcards.job]
+                   if engine == "vllm" and vllm_export(m, v)})
+
+
+def vllm_job_sources(wildcards):
+    """The files of every method in a vLLM job (its vLLM mapping is in its module)."""
+    return sorted({f for (_, m, _), _ in VLLM_JOBS[wildcards.job] for f in method_sources(m)})
+
+
+def vllm_job_arms(wildcards):
+    """--arms of a vLLM job: each method variant with its resolved parameters, whose proposer
+    drafts, its export and the data sets it runs on."""
+    return json.dumps([{"method": m, "variant": v, "params": resolved_params(m, v),
+                        "proposer": "specdec" if engine == "vllm_specdec" else "vllm",
+                        "export": vllm_export(m, v) if engine == "vllm" else None, "datasets": ds}
+                       for (engine, m, v), ds in VLLM_JOBS[wildcards.job]])
 
 
 def vllm_job_prompts(wildcards):
-    return sorted({row["prompts"] for row in vllm_rows(wildcards.engine, wildcards.method, wildcards.variant)})
+    return sorted({row["prompts"] for row in vllm_rows(wildcards.job)})
 
 
 def vllm_rows_arg(wildcards):
-    rows = vllm_rows(wildcards.engine, wildcards.method, wildcards.variant)
-    if not rows:
-        raise ValueError(f"config: vLLM runs no row of {wildcards.method}/{wildcards.variant} ({wildcards.engine})")
-    return json.dumps(rows)
-
-
-def vllm_export(wildcards):
-    """The export a vLLM method variant runs from, if its method serves one (registry: VLLM)."""
-    serving = registry.vllm_serving(wildcards.method)
-    name = variant_params(wildcards.method, wildcards.variant).get("checkpoint")
-    if wildcards.engine == "vllm_specdec" or serving is None or serving.export is None or name is None:
-        return []
-    checkpoint_dir(wildcards.method, name)
-    return [f"checkpoints/vllm_exports/{wildcards.method}-{name}/manifest.json"]
-
-
-def vllm_model_arg(wildcards, input):
-    """--model (the export replaces the target) or --draft-model (it is the drafter)."""
-    if not input.export:
-        return ""
-    return f"{registry.vllm_serving(wildcards.method).flag} {os.path.dirname(input.export[0])}"
+    return json.dumps(vllm_rows(wildcards.job))
 
 
 def vllm_engine_args(wildcards):
@@ -334,10 +363,6 @@ def resolved_params(method, variant):
     if "checkpoint" in params:
         params["checkpoint"] = checkpoint_dir(method, params["checkpoint"])
     return params
-
-
-def method_params(wildcards):
-    return json.dumps(resolved_params(wildcards.method, wildcards.variant))
 
 
 def trained_checkpoints():

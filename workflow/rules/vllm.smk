@@ -1,13 +1,13 @@
 # Benchmarks through vLLM: serial latency (one request in flight) and batched throughput (up to
-# 16). One job per method variant runs all its rows (data sets x modes): it starts the baseline's
-# engine and the method's once and times them alternately on each row (serial: prompt by prompt;
-# batched: ABBA rounds of the whole batch).
-# {engine}: vllm (vLLM's implementation of the method) or vllm_specdec (our own proposer inside
-# vLLM, through its custom proposer hook: vllm.specdec_proposers).
+# 16). One job per prompt set runs every vLLM row drawn from it (data sets x modes): it starts the
+# baseline's engine and one engine per arm once (vLLM's implementation of a method, or our own
+# proposer inside vLLM through its custom proposer hook: vllm.specdec_proposers), and times them
+# all on each row in a rotating order (serial: prompt by prompt; batched: round by round).
+# vllm.jobs "arm" runs one job per arm instead (all its data sets), each with its own baseline engine.
 
 
 wildcard_constraints:
-    engine="vllm|vllm_specdec",
+    job="|".join(re.escape(job) for job in VLLM_JOBS) or "(?!)",
 
 
 rule export_vllm:
@@ -38,17 +38,15 @@ rule bench_vllm:
         target=TARGET,
         prompts=vllm_job_prompts,
         code=VLLM_SOURCES,
-        method_code=lambda wc: method_sources(wc.method),  # its vLLM mapping
-        export=vllm_export,
+        method_code=vllm_job_sources,  # their vLLM mappings
+        exports=vllm_job_exports,
     output:
-        records="{root}/{engine}/{method}-{variant}.jsonl",
-        summary="{root}/{engine}/{method}-{variant}.summary.json",
+        records="{root}/vllm/{job}.jsonl",
+        summary="{root}/vllm/{job}.summary.json",
     params:
         target=target_dir,
-        model=vllm_model_arg,
-        method_params=method_params,
+        arms=vllm_job_arms,
         rows=vllm_rows_arg,
-        proposer=lambda wc: "specdec" if wc.engine == "vllm_specdec" else "vllm",
         engine=vllm_engine_args,
         resamples=config["bench"].get("bootstrap_resamples", 10000),
     threads: rule_threads("bench_vllm")
@@ -57,11 +55,10 @@ rule bench_vllm:
     conda:
         CONDA_ENV
     log:
-        "logs/bench_vllm/{root}/{engine}-{method}-{variant}.log",
+        "logs/bench_vllm/{root}/{job}.log",
     benchmark:
-        "benchmarks/bench_vllm/{root}/{engine}-{method}-{variant}.tsv"
+        "benchmarks/bench_vllm/{root}/{job}.tsv"
     shell:
-        "python -m specdec bench-vllm --target {params.target} --method {wildcards.method}"
-        " --variant {wildcards.variant} {params.model} --params '{params.method_params}'"
-        " --rows '{params.rows}' --proposer {params.proposer} {params.engine} --resamples {params.resamples}"
+        "python -m specdec bench-vllm --target {params.target} --arms '{params.arms}' --rows '{params.rows}'"
+        " {params.engine} --resamples {params.resamples}"
         " --out-records {output.records} --out-summary {output.summary} > {log} 2>&1"

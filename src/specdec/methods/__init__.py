@@ -54,11 +54,6 @@ class VllmServing:
     tree: bool = False   # vLLM drafts a tree of up to num_speculative_tokens nodes, not a chain
     hook: bool = False   # our proposer also runs inside vLLM (backends/vllm_hook.py: token ids only)
 
-    @property
-    def flag(self) -> str | None:
-        """The bench-vllm option that passes the export."""
-        return {None: None, "model": "--model", "draft": "--draft-model"}[self.export]
-
 
 def names() -> list[str]:
     return list(METHODS)
