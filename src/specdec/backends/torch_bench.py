@@ -24,7 +24,7 @@ from tqdm import tqdm
 from ..core.loop import decode
 from ..core.metrics import attach_baseline, make_record, summarize
 from ..core.sampling import Sampling
-from ..core.stats import paired_bootstrap, rotated
+from ..core.stats import BASELINE, arm_label, paired_bootstrap, rotated
 from ..core.target import TargetModel
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
@@ -34,11 +34,6 @@ from .hf_generate import PEERS, hf_decode, peer_kwargs
 
 DRAFT_MARGIN = 64  # room left in the context for draft nodes
 WARMUP_TOKENS = 16  # a warm-up decode runs prefill and steady-state steps; more tokens add nothing
-BASELINE = "baseline"
-
-
-def arm_label(arm: dict) -> str:
-    return arm["method"] if arm.get("variant") is None else f"{arm['method']}/{arm['variant']}"
 
 
 def check_arms(arms: list[dict]) -> None:

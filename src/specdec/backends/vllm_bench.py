@@ -34,7 +34,7 @@ from tqdm import tqdm
 from .. import methods
 from ..core.metrics import attach_baseline, environment, make_record, summarize
 from ..core.sampling import Sampling
-from ..core.stats import rotated
+from ..core.stats import BASELINE, arm_label, rotated
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
 
@@ -130,11 +130,6 @@ def acceptance_fields(output) -> dict:
     return {"drafted": list(m.per_step_drafted), "accepted": list(m.per_step_accepted)}
 
 
-def arm_label(arm: dict) -> str:
-    """method/variant: the summary's and the records' method field."""
-    return arm["method"] if arm.get("variant") is None else f"{arm['method']}/{arm['variant']}"
-
-
 def arm_key(arm: dict) -> str:
     """An arm's name in the job: its label, and who drafts when it is our proposer in vLLM."""
     proposer = arm.get("proposer", "vllm")
@@ -168,17 +163,15 @@ def check_arms(arms: list[dict], rows: list[dict], modes: dict) -> None:
             raise ValueError(f"rows[{i}]: no arm runs on data set {r['dataset']!r}")
 
 
-def _refused_rows(label: str, rows: list[dict], settings: dict, error: str, tb: str) -> list[dict]:
-    """vLLM refused this arm here: rows that say why, in vLLM's words, not missing rows."""
-    env = environment()
-    return [{"method": label, "dataset": r["dataset"], "prompts": 0, "error": error, "traceback": tb,
-             "settings": {**settings, "mode": r["mode"]}, "environment": env} for r in rows]
+def _refused_row(label: str, row: dict, settings: dict, error: str, tb: str) -> dict:
+    """vLLM refused this arm here: a row that says why, in vLLM's words, not a missing row."""
+    return {"method": label, "dataset": row["dataset"], "prompts": 0, "error": error, "traceback": tb,
+            "settings": {**settings, "mode": row["mode"]}, "environment": environment()}
 
 
 # serial rows first: each engine then meets every prompt of a serial row uncached (vLLM's prefix
 # cache keeps what an earlier row prefilled; a batched row's warm-up fills it anyway)
 MODE_ORDER = {"serial": 0, "batched": 1}
-BASELINE = "baseline"
 
 
 def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: dict, out_records: str,
@@ -266,7 +259,7 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
         here = [a for a in arms if r["dataset"] in a["datasets"]]
         for a in here:
             if arm_key(a) in refused:
-                summaries += _refused_rows(arm_label(a), [r], arm_settings[arm_key(a)], *refused[arm_key(a)])
+                summaries.append(_refused_row(arm_label(a), r, arm_settings[arm_key(a)], *refused[arm_key(a)]))
         running = [arm_key(a) for a in here if arm_key(a) not in refused]
         if not running:
             continue

@@ -19,6 +19,14 @@ import numpy as np
 LEVEL = 0.95
 
 
+BASELINE = "baseline"   # the arm every method of a job is timed against
+
+
+def arm_label(arm: dict) -> str:
+    """An arm's method/variant: the summary's and the records' method field."""
+    return arm["method"] if arm.get("variant") is None else f"{arm['method']}/{arm['variant']}"
+
+
 def rotated(names: list[str], i: int) -> list[str]:
     """The arm order for unit i: the list rotated left by i."""
     k = i % len(names)
