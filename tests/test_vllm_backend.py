@@ -249,3 +249,45 @@ print(repair_cpu_expand())   # repaired: nothing left to do
     assert first == "True [0.699999988079071, 0.699999988079071, 0.699999988079071, 1.0, " \
                     "0.009999999776482582, 0.009999999776482582]"
     assert second == "None"
+
+
+class _StepEngine:
+    """A stand-in for vLLM's LLM: each request needs `steps` engine steps; a step advances every
+    running request and costs `step_s` of (fake) time; it logs who stepped, in order."""
+
+    def __init__(self, name, steps, log, clock, step_s):
+        self.name, self.steps, self.log, self.clock, self.step_s = name, steps, log, clock, step_s
+        self.queue, self.next_id = [], 0
+        self.llm_engine = self
+
+    def enqueue(self, inputs, params, use_tqdm=False):
+        for inp in inputs:
+            self.queue.append({"id": str(self.next_id), "left": self.steps, "prompt": inp})
+            self.next_id += 1
+
+    def step(self):
+        self.log.append(self.name)
+        self.clock[0] += self.step_s
+        done = []
+        for r in self.queue:
+            r["left"] -= 1
+        for r in [r for r in self.queue if r["left"] == 0]:
+            self.queue.remove(r)
+            done.append(SimpleNamespace(request_id=r["id"], finished=True, prompt=r["prompt"]))
+        return done[::-1]   # finished out of submission order
+
+    def has_unfinished_requests(self):
+        return bool(self.queue)
+
+
+def test_interleaved_steps_alternates_engines_and_charges_each_its_own_steps(monkeypatch):
+    from specdec.backends import vllm_bench
+    clock, log = [0.0], []
+    monkeypatch.setattr(vllm_bench.time, "perf_counter", lambda: clock[0])
+    engines = {"base": _StepEngine("base", 4, log, clock, 0.5), "spec": _StepEngine("spec", 2, log, clock, 0.75)}
+    walls, outs = vllm_bench.interleaved_steps(engines, ["spec", "base"], ["p0", "p1"], [None, None])
+    # one step of each unfinished engine in turn, in the given order; the finished one drops out
+    assert log == ["spec", "base", "spec", "base", "base", "base"]
+    assert walls == {"base": 4 * 0.5, "spec": 2 * 0.75}
+    # outputs come back in submission order, whatever order they finished in
+    assert [o.prompt for o in outs["base"]] == ["p0", "p1"] and [o.prompt for o in outs["spec"]] == ["p0", "p1"]

@@ -184,7 +184,7 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
         running[jobid] = rule
         benchmarks += bench
         most = max(most, len(running))
-    assert benchmarks == 8 and most == 2 and not running   # 5 PyTorch jobs, 3 vLLM jobs (40 rows)
+    assert benchmarks == 8 and most == 2 and not running   # 5 PyTorch jobs, 3 vLLM jobs (47 rows)
 
 
 # Debian's chromium, headless, on a machine whose network is closed (no background connections)
@@ -225,7 +225,7 @@ def test_report_shows_its_plots_and_tables_in_headless_chromium(smoke_run, tmp_p
         frame = page.frame_locator("iframe")
         frame.locator("tbody tr").first.wait_for()
         assert frame.locator("th", has_text=re.compile("^speedup$")).count() == 1
-        assert frame.locator("tbody tr").count() == 40
+        assert frame.locator("tbody tr").count() == 47
         page.screenshot(path=str(tmp_path / "report-rows.png"))
         browser.close()
 
@@ -257,7 +257,7 @@ def test_smoke_dag_through_a_cluster_executor(tmp_path):
     wd = copy_workflow(tmp_path)
     smk(wd, "results/tables.md", "--profile", "workflow/profiles/local-cluster", *SMOKE)
     rows = pd.read_parquet(wd / "results" / "rows.parquet")
-    assert len(rows) == 40 and "error" not in rows   # no row carries vLLM's refusal
+    assert len(rows) == 47 and "error" not in rows   # no row carries vLLM's refusal
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
 
 
@@ -300,7 +300,7 @@ def test_smoke_dag_end_to_end(smoke_run):
         "float32/chat_overlap.summary.json", "float32/wiki.summary.json"]
     assert sorted(p.name for p in (wd / "results" / "vllm").glob("*.summary.json")) == [
         "chat_heldout.summary.json", "chat_overlap.summary.json", "wiki.summary.json"]   # one job per prompt set
-    assert len(rows) == 40 == len(torch_rows(wd)) + sum(
+    assert len(rows) == 47 == len(torch_rows(wd)) + sum(
         len(vllm_job(wd, p)) for p in ("chat_heldout", "chat_overlap", "wiki"))
     # the Snakemake report: the plots and the rows table, with their captions
     smk(wd, "--report", "results/report.html", *SMOKE)
@@ -330,8 +330,13 @@ def test_smoke_dag_end_to_end(smoke_run):
             assert ours["settings"]["speculative_config"]["method"] == "custom_class"
             assert ours["matches_baseline"] is not None and ours["prompts"] == 2
         # one job per prompt set: every arm there against one baseline engine, in a rotating order
-        assert ngram["settings"]["arms"] == ["baseline", "ngram/k5", "suffix/d8", "ngram/k5 (specdec)",
+        assert ngram["settings"]["arms"] == ["baseline", "baseline/aa", "ngram/k5", "suffix/d8", "ngram/k5 (specdec)",
                                              "suffix/d8 (specdec)"]
+        assert ngram["settings"]["arm_order"].startswith("engine steps interleaved")   # in process
+        # the A/A control: a second baseline engine, timed as an arm, decodes the same tokens
+        aa = vllm_row(wd, "baseline/aa", mode, "wiki")
+        assert aa["matches_baseline"] == aa["prompts"] == 2 and aa["drafted_tokens"] is None
+        assert aa["speedup_ci"][0] <= aa["speedup"] <= aa["speedup_ci"][1]
         assert ngram["settings"]["row_arms"] == ngram["settings"]["arms"]
         assert ngram["settings"]["engine_max_num_seqs"] == 4
         assert ngram["settings"]["requests_in_flight"] == (1 if mode == "serial" else 2)
@@ -347,18 +352,19 @@ def test_smoke_dag_end_to_end(smoke_run):
     # the held-out prompts' job: n-gram greedy, the draft model sampled; each arm only on its rows
     job = vllm_job(wd, "chat_heldout")
     assert [(r["method"], r["settings"]["mode"], r["dataset"]) for r in job] == [   # vllm_modes: [batched]
-        ("ngram/k5", "serial", "chat_heldout"), ("ngram/k5", "batched", "chat_heldout"),
-        ("draft_model/len3", "batched", "chat_heldout_t07")]
-    assert job[0]["settings"]["row_arms"] == ["baseline", "ngram/k5"]
-    assert job[2]["settings"]["row_arms"] == ["baseline", "draft_model/len3"]
+        ("baseline/aa", "serial", "chat_heldout"), ("ngram/k5", "serial", "chat_heldout"),
+        ("baseline/aa", "batched", "chat_heldout"), ("ngram/k5", "batched", "chat_heldout"),
+        ("baseline/aa", "batched", "chat_heldout_t07"), ("draft_model/len3", "batched", "chat_heldout_t07")]
+    assert job[1]["settings"]["row_arms"] == ["baseline", "baseline/aa", "ngram/k5"]
+    assert job[5]["settings"]["row_arms"] == ["baseline", "baseline/aa", "draft_model/len3"]
     # the job's first batched row warms on whole decodes, a later one on warmup_tokens per request
-    first, later = (r["settings"] for r in job[1:])
+    first, later = (r["settings"] for r in job[3::2])
     assert first["warmup_tokens"] == first["max_new_tokens"]
     assert later["warmup_tokens"] == min(8, later["max_new_tokens"]) and later["warmup_prompts"] == 2
     assert "sampled at T = 0.7" in tables
     # the train-overlap job: every learned method against one baseline engine; greedy rows need no repair
-    assert [r["method"] for r in vllm_job(wd, "chat_overlap")][:5] == [
-        "medusa/len2_top2_nodes4", "mtp/steps2", "draft_model/len3", "pard/len3", "eagle3/chain2"]
+    assert [r["method"] for r in vllm_job(wd, "chat_overlap")][:6] == [
+        "baseline/aa", "medusa/len2_top2_nodes4", "mtp/steps2", "draft_model/len3", "pard/len3", "eagle3/chain2"]
     assert vllm_row(wd, "draft_model/len3", "serial", "chat_overlap")["settings"]["vllm_repairs"] == [
         "kernel rebinding skips objects whose __dict__ is not a dict (llvmlite's library wrapper)"]
     # MTP through vLLM, from the MiMo export: vLLM loads it as target + drafter and drafts with it

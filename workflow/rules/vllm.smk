@@ -2,7 +2,9 @@
 # 16). One job per prompt set runs every vLLM row drawn from it (data sets x modes): it starts the
 # baseline's engine and one engine per arm once (vLLM's implementation of a method, or our own
 # proposer inside vLLM through its custom proposer hook: vllm.specdec_proposers), and times them
-# all on each row in a rotating order (serial: prompt by prompt; batched: round by round).
+# all on each row in a rotating order (serial: prompt by prompt; batched: round by round); with
+# the engines in the job's process (vllm.in_process) their steps interleave. vllm.aa_control adds
+# a second baseline engine as an arm: the A/A row.
 # vllm.jobs "arm" runs one job per arm instead (all its data sets), each with its own baseline engine.
 
 

@@ -7,7 +7,12 @@ runs every vLLM row on one prompt set: it starts the baseline's engine and one e
 arm (vLLM's implementation of a method, or our own proposer inside vLLM's scheduler through its
 custom proposer hook, backends/vllm_hook.py), and times them all on the same prompts in a
 rotating order, so each speedup is paired (a ratio of separate jobs drifts with the machine's
-load) and the baseline decodes once per row for every method. On CPU each engine gets an explicit
+load) and the baseline decodes once per row for every method. When the engines run in this
+process (`in_process`), their engine steps interleave: one step of each engine in turn, so every
+arm's time is measured within a second of every other's and a slow spell of the host lands on all
+arms alike (on a shared 2-core host such spells last seconds and slow a decode by up to half).
+`aa_control` adds a second engine of the baseline, timed as an arm: its row (`baseline/aa`) is
+the job's own check that two identical engines measure 1.0x. On CPU each engine gets an explicit
 KV cache (`kv_cache_memory_bytes`): vLLM sizes an implicit one as a share of memory minus what the
 process already holds, which leaves nothing for the next engine.
 `in_process=True` runs vLLM's engine cores and their workers inside this process
@@ -121,6 +126,40 @@ def repair_cpu_rebind() -> str | None:
     return "kernel rebinding skips objects whose __dict__ is not a dict (llvmlite's library wrapper)"
 
 
+# the A/A control: a second engine of the baseline, timed as an arm
+AA_CONTROL = {"method": BASELINE, "variant": "aa"}
+
+
+def interleaved_steps(engines: dict, order: list[str], inputs: list, params: list) -> tuple[dict, dict]:
+    """Every engine decodes the same requests, their engine steps interleaved: one step of each
+    unfinished engine in `order`, repeated until all are done. Only for engines whose cores run in
+    this process (a step then computes; with engine-core processes the engines would run at once).
+    An engine's wall time is the sum of its own request submission and steps, as LLM.generate would
+    spend them. Returns ({engine: wall seconds}, {engine: outputs in input order})."""
+    walls = dict.fromkeys(order, 0.0)
+    done = {name: [] for name in order}
+    for name in order:
+        t = time.perf_counter()
+        engines[name].enqueue(inputs, params, use_tqdm=False)
+        walls[name] += time.perf_counter() - t
+    running = list(order)
+    while running:
+        for name in list(running):
+            engine = engines[name].llm_engine
+            t = time.perf_counter()
+            outs = engine.step()
+            unfinished = engine.has_unfinished_requests()
+            walls[name] += time.perf_counter() - t
+            done[name] += [o for o in outs if o.finished]
+            if not unfinished:
+                running.remove(name)
+    for name, outs in done.items():
+        if len(outs) != len(inputs):
+            raise RuntimeError(f"{name}: {len(outs)} finished requests for {len(inputs)} submitted")
+    # outputs carry the LLM's request ids, numbered in submission order (as LLM.generate sorts them)
+    return walls, {name: sorted(outs, key=lambda o: int(o.request_id)) for name, outs in done.items()}
+
+
 def acceptance_fields(output) -> dict:
     """A speculative request's per-step draft counts from vLLM (`per_request_spec_decode_metrics`
     "detailed": one entry per step that verified a draft), in the record's fields."""
@@ -177,7 +216,7 @@ MODE_ORDER = {"serial": 0, "batched": 1}
 def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: dict, out_records: str,
                out_summary: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85,
                kv_cache_memory_bytes: int | None = None, max_model_len: int = 4096, resamples: int = 10000,
-               seed: int = 0, in_process: bool = False) -> dict:
+               seed: int = 0, in_process: bool = False, aa_control: bool = False) -> dict:
     """Every arm against one baseline engine, all in this process: the baseline's engine and one
     engine per arm start once, and each row times them all on the same prompts in a rotating
     order (serial: prompt by prompt; batched: round by round), so every speedup is paired and the
@@ -190,8 +229,9 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
     data sets it runs on. `rows`: each {mode, dataset, prompts (a prompt file), limit,
     max_new_tokens, sampling (core.sampling.Sampling fields; absent: greedy)}. `modes`: mode ->
     {max_num_seqs, warmup_prompts, warmup_tokens, rounds}; the engines admit the largest
-    max_num_seqs, and a row keeps its mode's number of requests in flight (serial: one). Writes
-    one summary file, {"rows": [row summary, ...]}, and one records file (every arm of every row,
+    max_num_seqs, and a row keeps its mode's number of requests in flight (serial: one).
+    `aa_control`: a second baseline engine runs every row as an arm (AA_CONTROL). Writes one
+    summary file, {"rows": [row summary, ...]}, and one records file (every arm of every row,
     each record with its row's mode and its proposer)."""
     check_arms(arms, rows, modes)
     rows = sorted(rows, key=lambda r: MODE_ORDER[r["mode"]])
@@ -214,8 +254,8 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
     settings = {"backend": "vllm", **dt, "engine_max_num_seqs": max_num_seqs,
                 "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes,
                 "max_model_len": max_model_len, "target": str(target_dir), "seed": seed, "in_process": in_process,
-                "ld_preload": os.environ.get("LD_PRELOAD") or None,
-                "arms": [BASELINE] + [arm_key(a) for a in arms]}
+                "ld_preload": os.environ.get("LD_PRELOAD") or None, "aa_control": aa_control,
+                "arms": [BASELINE] + ([arm_label(AA_CONTROL)] if aa_control else []) + [arm_key(a) for a in arms]}
 
     from vllm import LLM
 
@@ -225,6 +265,14 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
         repairs += [note] if note else []
     engines = {BASELINE: LLM(model=target_dir, **engine_kwargs)}
     arm_settings, refused, draft_shapes = {}, {}, {}
+    controls = []
+    if aa_control:
+        aa = arm_label(AA_CONTROL)
+        engines[aa] = LLM(model=target_dir, **engine_kwargs)
+        arm_settings[aa] = {**settings, **AA_CONTROL, "params": {}, "proposer": "vllm", "speculative_config": None,
+                            "model": str(target_dir)}
+        draft_shapes[aa] = "none (a second baseline engine: the A/A control)"
+        controls.append(aa)
     for arm in tqdm(arms, desc="starting one vLLM engine per arm", unit="engine"):
         key, method, params = arm_key(arm), arm["method"], arm.get("params") or {}
         serving = methods.vllm_serving(method)
@@ -263,10 +311,11 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
         running = [arm_key(a) for a in here if arm_key(a) not in refused]
         if not running:
             continue
+        running = controls + running
         row_repairs = repairs + (sampled_repairs if r in sampled_rows else [])
         row_settings = {k: {**arm_settings[k], "vllm_repairs": row_repairs} for k in running}
         out, recs = _run_row(r, modes[r["mode"]], {k: engines[k] for k in [BASELINE, *running]},
-                             row_settings, resamples, warmed=r["mode"] in warmed)
+                             row_settings, resamples, warmed=r["mode"] in warmed, interleave=in_process)
         warmed.add(r["mode"])
         summaries += [{**s, "draft_shape": draft_shapes[k]} for k, s in out.items()]
         records += recs
@@ -276,11 +325,13 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
 
 
 def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples: int,
-             warmed: bool = False):
+             warmed: bool = False, interleave: bool = False):
     """One row (a data set in one mode) through the started engines (the baseline's first): the
     warm-up, then the timed pass, every engine decoding each prompt (serial) or the whole batch
-    (batched, `rounds` times) in an order rotated by one per unit. `warmed`: an earlier row of the
-    job ran this mode. Returns ({arm: summary}, every arm's records)."""
+    (batched, `rounds` times) in an order rotated by one per unit. `interleave`: the engines of a
+    unit decode together, their steps interleaved (interleaved_steps; engines in this process);
+    otherwise one after another. `warmed`: an earlier row of the job ran this mode. Returns
+    ({arm: summary}, every arm's records)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -309,7 +360,8 @@ def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples
                     "max_new_tokens": max_new_tokens, "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
                     "rounds": None if serial else rounds, "prompts_file": str(row["prompts"]), "limit": limit,
                     "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy, "row_arms": names,
-                    "arm_order": f"rotated by one per {'prompt' if serial else 'round'}"}
+                    "arm_order": ("engine steps interleaved, " if interleave else "")
+                                 + f"rotated by one per {'prompt' if serial else 'round'}"}
     if sampled.greedy:
         per_prompt = [SamplingParams(temperature=0.0, max_tokens=max_new_tokens)] * len(fits)
     else:
@@ -326,21 +378,29 @@ def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples
     walls = {name: [] for name in names}
     outputs = {name: [] for name in names}
 
-    def timed(name, batch, params):
-        t = time.perf_counter()
-        outs = engines[name].generate(batch, params, use_tqdm=False)
-        walls[name].append(time.perf_counter() - t)
+    def unit(i, batch, params) -> dict:
+        """Every engine decodes `batch` once, in the order rotated by i; {engine: outputs}."""
+        order = rotated(names, i)
+        if interleave:
+            unit_walls, outs = interleaved_steps(engines, order, batch, params)
+        else:
+            unit_walls, outs = {}, {}
+            for name in order:
+                t = time.perf_counter()
+                outs[name] = engines[name].generate(batch, params, use_tqdm=False)
+                unit_walls[name] = time.perf_counter() - t
+        for name in names:
+            walls[name].append(unit_walls[name])
         return outs
 
     desc = f"{len(names) - 1} arm(s) and the baseline on {row['dataset']}, vLLM {row['mode']}"
     if serial:
         for i, inp in enumerate(tqdm(inputs, desc=desc, unit="prompt")):
-            for name in rotated(names, i):
-                outputs[name] += timed(name, [inp], per_prompt[i])
+            for name, outs in unit(i, [inp], [per_prompt[i]]).items():
+                outputs[name] += outs
     else:
         for r in tqdm(range(rounds), desc=desc, unit="round"):
-            for name in rotated(names, r):
-                outputs[name] = timed(name, inputs, per_prompt)   # every round decodes the same
+            outputs = unit(r, inputs, per_prompt)   # every round decodes the same
 
     records = {}
     for name in names:
