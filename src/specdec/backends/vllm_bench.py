@@ -128,6 +128,7 @@ def repair_cpu_rebind() -> str | None:
 
 # the A/A control: a second engine of the baseline, timed as an arm
 AA_CONTROL = {"method": BASELINE, "variant": "aa"}
+AA_KEY = arm_label(AA_CONTROL)
 
 
 def interleaved_steps(engines: dict, order: list[str], inputs: list, params: list) -> tuple[dict, dict]:
@@ -255,7 +256,7 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
                 "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes,
                 "max_model_len": max_model_len, "target": str(target_dir), "seed": seed, "in_process": in_process,
                 "ld_preload": os.environ.get("LD_PRELOAD") or None, "aa_control": aa_control,
-                "arms": [BASELINE] + ([arm_label(AA_CONTROL)] if aa_control else []) + [arm_key(a) for a in arms]}
+                "arms": [BASELINE] + ([AA_KEY] if aa_control else []) + [arm_key(a) for a in arms]}
 
     from vllm import LLM
 
@@ -265,14 +266,12 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
         repairs += [note] if note else []
     engines = {BASELINE: LLM(model=target_dir, **engine_kwargs)}
     arm_settings, refused, draft_shapes = {}, {}, {}
-    controls = []
+    controls = [AA_KEY] if aa_control else []
     if aa_control:
-        aa = arm_label(AA_CONTROL)
-        engines[aa] = LLM(model=target_dir, **engine_kwargs)
-        arm_settings[aa] = {**settings, **AA_CONTROL, "params": {}, "proposer": "vllm", "speculative_config": None,
-                            "model": str(target_dir)}
-        draft_shapes[aa] = "none (a second baseline engine: the A/A control)"
-        controls.append(aa)
+        engines[AA_KEY] = LLM(model=target_dir, **engine_kwargs)
+        arm_settings[AA_KEY] = {**settings, **AA_CONTROL, "params": {}, "proposer": "vllm", "speculative_config": None,
+                                "model": str(target_dir)}
+        draft_shapes[AA_KEY] = "none (a second baseline engine: the A/A control)"
     for arm in tqdm(arms, desc="starting one vLLM engine per arm", unit="engine"):
         key, method, params = arm_key(arm), arm["method"], arm.get("params") or {}
         serving = methods.vllm_serving(method)
