@@ -121,8 +121,8 @@ def test_reduced_vocabulary_and_d2t(trained, tmp_path):
     state = load_file(trained["root"] / "ttt2_dv" / "model.safetensors")
     vocab = state["draft_vocab"]
     assert len(vocab) == 40 and torch.equal(vocab, vocab.sort().values)
-    counts = torch.bincount(torch.cat([s.ids for s in HiddenStates(str(trained["hidden"])).split("train", TAPS)]),
-                            minlength=64)
+    seqs = HiddenStates(str(trained["hidden"])).split("train", TAPS)   # tokens and the target's labels
+    counts = torch.bincount(torch.cat([s.ids for s in seqs] + [s.labels[s.labels >= 0] for s in seqs]), minlength=64)
     assert counts[vocab].min() >= counts[[t for t in range(64) if t not in set(vocab.tolist())]].max()
     assert state["lm_head.weight"].shape == (40, 32)
     eagle3.export_vllm(str(trained["root"] / "ttt2_dv"), str(trained["target_dir"]), str(tmp_path / "dv"))

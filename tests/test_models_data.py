@@ -16,6 +16,9 @@ class CharTokenizer:
         text = "<u>" + messages[0]["content"] + "<a>"
         return [3 + (ord(c) % 60) for c in text]
 
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [3 + (ord(c) % 60) for c in text]}
+
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(97 + i % 26) for i in ids)
 
@@ -32,8 +35,9 @@ def test_missing_and_corrupt_checkpoints_name_the_path(tmp_path):
 
 
 def test_chat_splits_format_and_disjointness():
-    turns = [(f"s{i}", f"Question number {i}: what is {i} plus {i}?") for i in range(40)]
-    turns += [("dup", "Question number 3: what is 3 plus 3?"), ("short", "hi"), ("uni", "日本語の質問です" * 3)]
+    turns = [(f"s{i}", f"Question number {i}: what is {i} plus {i}?", None) for i in range(40)]
+    turns += [("dup", "Question number 3: what is 3 plus 3?", None), ("short", "hi", None),
+              ("uni", "日本語の質問です" * 3, None)]
     model = tiny_llama()
     splits = build_chat_splits(turns, model, CharTokenizer(), {2}, prefix="chat", train_prompts=6,
                                heldout_prompts=3, eval_overlap_prompts=2, completion_tokens=5,

@@ -46,5 +46,5 @@ def test_sharegpt_truncated_file_recovers_complete_records():
             {"id": "c", "conversations": [{"from": "human", "value": "second"}]}]
     text = json.dumps(recs, indent=2)
     cut = text[: text.index('"second"') + 3]  # truncated inside the last record
-    assert list(first_human_turns(text)) == [("a", "hi"), ("c", "second")]
-    assert list(first_human_turns(cut)) == [("a", "hi")]
+    assert list(first_human_turns(text)) == [("a", "hi", "yo"), ("c", "second", None)]
+    assert list(first_human_turns(cut)) == [("a", "hi", "yo")]

@@ -273,7 +273,7 @@ def test_smoke_dag_end_to_end(smoke_run):
     for ckpt in ("medusa/heads2", "mtp/modules2", "draft_model/layers1", "pard/layers1", "eagle3/ttt2"):
         meta = "specdec.json" if ckpt.startswith(("draft", "pard")) else "config.json"
         cfg = json.loads((wd / "checkpoints" / ckpt / meta).read_text())
-        assert len(cfg["train_log"]) == 3 and cfg["eval_proxy"]["heldout"]
+        assert len([r for r in cfg["train_log"] if "loss" in r]) == 3 and cfg["eval_proxy"]["heldout"]
         assert not (wd / "checkpoints" / ckpt / "resume.pt").exists()
         assert f"checkpoints/{ckpt}" in tables
     for png in ("speedup", "throughput", "acceptance_by_position"):
@@ -405,6 +405,14 @@ def test_smoke_dag_end_to_end(smoke_run):
     assert peer["same_run"]["counterpart"] == "draft_model/len3" and peer["same_run"]["same_outputs"] == 2
     recs = [json.loads(line) for line in (wd / "data" / "chat" / "train.jsonl").read_text().splitlines()]
     assert len(recs) == 6 and all(r["completion_ids"] for r in recs)
+    # the train-overlap slice keeps greedy completions; the rest are ShareGPT replies, labelled by
+    # the target's prefill (train_completions: reference)
+    assert [r["completion_source"] for r in recs] == ["greedy"] * 2 + ["reference"] * 4
+    # the learning curve: EAGLE-3 again on the first 3 records, the held-out proxy logged in training
+    curve = json.loads((wd / "checkpoints/eagle3/ttt2_records3/config.json").read_text())
+    assert curve["train"]["records"] == curve["train"]["train_records"] == 3
+    assert [r["step"] for r in curve["train_log"] if "eval" in r] == [2]
+    assert "## Learning curve" in tables and (wd / "results/plots/learning_curve.png").stat().st_size > 0
     assert not list(wd.rglob("*.tmp")) and not list(wd.rglob("*.partial"))
 
 

@@ -67,7 +67,7 @@ def cmd_chat_set(a):
         train_prompts=a.train_prompts, heldout_prompts=a.heldout_prompts,
         eval_overlap_prompts=a.eval_overlap_prompts, completion_tokens=a.completion_tokens,
         min_chars=a.min_chars, max_chars=a.max_chars, max_prompt_tokens=a.max_prompt_tokens,
-        batch_size=a.batch_size, seed=a.seed)
+        batch_size=a.batch_size, seed=a.seed, train_completions=a.train_completions)
     for split, path in (("train", a.out_train), ("eval_overlap", a.out_overlap), ("eval_heldout", a.out_heldout)):
         records.write_jsonl(path, splits[split])
         print(f"{split}: {len(splits[split])} records -> {path}")
@@ -83,11 +83,7 @@ def cmd_distill_routes(a):
     if unknown:
         raise ValueError(f"--routes: unknown route(s) {unknown} (transformers, vllm, prefill)")
     raw = extract_member(a.wheel, sharegpt.MEMBER, Path(a.out).parent / ".sharegpt.json")
-    replies = {}
-    turns = []
-    for source_id, human, reply in distill.first_exchanges(raw.read_text()):
-        replies[source_id] = reply
-        turns.append((source_id, human))
+    turns = list(distill.first_exchanges(raw.read_text()))
     raw.unlink()
     set_threads(a.threads)
     dtype = _resolve_dtype(a.dtype, "cpu")
@@ -108,7 +104,7 @@ def cmd_distill_routes(a):
             completions[route], out["routes"][route] = distill.generate_vllm(
                 a.target, prompts, a.max_new_tokens, dtype, a.max_num_seqs, a.kv_cache_memory_bytes, 2048)
         else:   # prefill
-            reply_ids = [tokenizer(replies[r["source_id"]], add_special_tokens=False)["input_ids"][:a.max_new_tokens]
+            reply_ids = [tokenizer(r["reply"], add_special_tokens=False)["input_ids"][:a.max_new_tokens]
                          for r in chosen]
             seqs = [p + r for p, r in zip(prompts, reply_ids)]
             labels, out["routes"][route] = distill.prefill_labels(model, seqs, [len(p) for p in prompts],
@@ -147,7 +143,8 @@ def cmd_hidden_states(a):
             raise ValueError(f"--split {item!r}: expected NAME=PATH")
         splits[name] = path
     a.dtype = _resolve_dtype(a.dtype, a.device)
-    write_hidden_states(a.target, splits, a.taps, a.out, a.dtype, a.device, a.batch_size)
+    write_hidden_states(a.target, splits, a.taps, a.out, a.dtype, a.device, a.batch_size,
+                        _resolve_dtype(a.store_dtype, a.device))
     print(f"hidden states (taps {a.taps}) of {', '.join(splits)} -> {a.out}")
 
 
@@ -254,7 +251,7 @@ def cmd_generate(a):
 def cmd_report(a):
     from .report.tables import write_report
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.checkpoints,
-                 out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html)
+                 out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html, curve_dirs=a.learning_curve)
 
 
 def cmd_job_costs(a):
@@ -317,7 +314,7 @@ def _data_verbs(sub) -> None:
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_target)
 
-    s = sub.add_parser("chat-set", help="chat distillation set with the target's greedy completions")
+    s = sub.add_parser("chat-set", help="chat distillation set: prompts with greedy or reference completions")
     s.add_argument("--source", choices=["sharegpt", "ultrachat"], required=True)
     s.add_argument("--wheel")
     s.add_argument("--hub-dataset")
@@ -328,6 +325,9 @@ def _data_verbs(sub) -> None:
                  "min-chars", "max-chars", "max-prompt-tokens", "batch-size"):
         s.add_argument(f"--{name}", type=int, required=True)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--train-completions", choices=["greedy", "reference"], default="greedy",
+                   help="training records beyond the train-overlap slice: the target's greedy completions, "
+                        "or the source's reply (labelled by the target's prefill)")
     _device_args(s, dtype="bfloat16")
     for name in ("out-train", "out-overlap", "out-heldout"):
         s.add_argument(f"--{name}", required=True)
@@ -351,6 +351,8 @@ def _train_verbs(sub) -> None:
     s.add_argument("--taps", type=int, nargs="+", required=True)
     s.add_argument("--batch-size", type=int, default=8)
     _device_args(s, dtype="bfloat16")
+    s.add_argument("--store-dtype", default="bfloat16",
+                   help="dtype of the stored states (auto: the host's speed dtype)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_hidden_states)
 
@@ -415,6 +417,8 @@ def _report_verbs(sub) -> None:
     s.add_argument("--plots-dir", required=True)
     s.add_argument("--readme-section", required=True)
     s.add_argument("--checkpoints", nargs="*", default=[], help="trained proposers' checkpoint directories")
+    s.add_argument("--learning-curve", nargs="*", default=[],
+                   help="checkpoint directories of one proposer trained on growing training sets")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("drift", help="speedup drift between two runs of the benchmark stage")

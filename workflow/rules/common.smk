@@ -12,6 +12,27 @@ sys.path.insert(0, str(SRC.parent))  # the method registry, read at parse time
 from specdec import methods as registry  # noqa: E402
 
 registry.check_config(config)  # every variant's parameters and checkpoint's settings, before any job
+
+
+def _learning_curve():
+    """train.learning_curve: its checkpoint trained again, with the same settings and steps, on
+    the first N training records for each N of `records` (checkpoints <name>_records<N>, added
+    to train.checkpoints here). Returns the curve's checkpoint directories, the full one last."""
+    curve = config["train"]["learning_curve"]
+    method, _, name = curve["checkpoint"].partition("/")
+    base = config["train"]["checkpoints"].get(method, {}).get(name)
+    if base is None:
+        raise WorkflowError(f"config: train.learning_curve.checkpoint {curve['checkpoint']!r} is not in train.checkpoints")
+    dirs = []
+    for n in sorted(curve["records"]):
+        settings = json.loads(json.dumps(base))
+        settings["train"]["records"] = n
+        config["train"]["checkpoints"][method][f"{name}_records{n}"] = settings
+        dirs.append(f"checkpoints/{method}/{name}_records{n}")
+    return dirs + [f"checkpoints/{method}/{name}"]
+
+
+LEARNING_CURVE = _learning_curve()
 # Jobs run `python -m specdec`: put the interpreter running snakemake (the project venv) first on
 # PATH, so `.venv/bin/snakemake ...` works without activating the venv. --use-conda overrides it.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"

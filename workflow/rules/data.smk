@@ -36,6 +36,7 @@ rule chat_set:
         " --completion-tokens {params.c[completion_tokens]} --min-chars {params.c[min_chars]}"
         " --max-chars {params.c[max_chars]} --max-prompt-tokens {params.c[max_prompt_tokens]}"
         " --batch-size {params.c[batch_size]} --seed {params.c[seed]} --dtype {params.c[dtype]}"
+        " --train-completions {params.c[train_completions]}"
         " --device {params.device} --threads {params.threads}"
         " --out-train {output.train} --out-overlap {output.overlap} --out-heldout {output.heldout}"
         " 2>&1 | tee {log}"

@@ -7,6 +7,7 @@ rule report:
     input:
         summaries=torch_summaries() + vllm_summaries(),
         checkpoints=trained_checkpoints(),
+        curve=[f"{d}/manifest.json" for d in LEARNING_CURVE],
         code=[str(SRC / "report" / f) for f in ("rows.py", "tables.py", "plots.py")],
     output:
         rows="results/rows.parquet",
@@ -19,12 +20,15 @@ rule report:
         acceptance=report("results/plots/acceptance_by_position.png", caption="../report/acceptance.rst",
                           category="Results", labels={"figure": "acceptance by position", "backend": "all",
                                                       "dataset": "all"}),
+        curve=report("results/plots/learning_curve.png", caption="../report/learning_curve.rst", category="Results",
+                     labels={"figure": "learning curve", "backend": "torch", "dataset": "chat_heldout"}),
         csv=report("results/rows.csv", caption="../report/rows.rst", category="Tables",
                    labels={"table": "every row (CSV)", "backend": "all", "dataset": "all"}),
         html=report("results/rows.html", caption="../report/rows.rst", category="Tables",
                     labels={"table": "every row", "backend": "all", "dataset": "all"}),
     params:
         configs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.checkpoints),
+        curve=" ".join(LEARNING_CURVE),
     threads: rule_threads("report")
     resources:
         **rule_resources("report"),
@@ -37,7 +41,8 @@ rule report:
     shell:
         "python -m specdec report --summaries {input.summaries} --out-tables {output.tables} --out-rows {output.rows}"
         " --out-csv {output.csv} --out-html {output.html}"
-        " --checkpoints {params.configs} --plots-dir results/plots --readme-section {output.section} > {log} 2>&1"
+        " --checkpoints {params.configs} --learning-curve {params.curve}"
+        " --plots-dir results/plots --readme-section {output.section} > {log} 2>&1"
 
 
 # `snakemake results/drift.md --cores 1`: every benchmark job again into results/rerun/ (the

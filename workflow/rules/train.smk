@@ -1,5 +1,6 @@
-# Learned proposers: the frozen target's hidden states over the chat set, cached once, then one
-# resumable training job per checkpoint (checkpoints/<method>/<name>/, manifest.json written last).
+# Learned proposers: the frozen target's labels and hidden states over the chat set, from one
+# prefill cached once, then one resumable training job per checkpoint
+# (checkpoints/<method>/<name>/, manifest.json written last).
 
 
 rule hidden_states:
@@ -28,7 +29,8 @@ rule hidden_states:
     shell:
         "python -m specdec hidden-states --target {params.target}"
         " --split train={input.train} --split heldout={input.heldout} --taps {params.taps}"
-        " --dtype {params.h[dtype]} --batch-size {params.h[batch_size]} --device {params.device}"
+        " --dtype {params.h[dtype]} --store-dtype {params.h[store_dtype]} --batch-size {params.h[batch_size]}"
+        " --device {params.device}"
         " --threads {params.threads} --out {output} 2>&1 | tee {log}"
 
 

@@ -1,7 +1,16 @@
-"""Chat distillation set: first human turns + the target's greedy completions (token ids).
+"""Chat distillation set: first human turns, each with a completion whose positions the drafters
+learn to predict.
 
-Splits, as files: train; eval_overlap = the first N train records (the reference system's
-train-overlap slice, a best-case probe); eval_heldout = records disjoint from train.
+Splits, as files: eval_heldout = records no drafter trains on (the headline set; first in the
+seeded shuffle, so its prompts do not depend on the training set's size); train; eval_overlap =
+the first N train records (the reference system's train-overlap slice, a best-case probe).
+
+Completions: the held-out and train-overlap records carry the target's greedy completions. The
+other training records carry either those too (`train_completions: greedy`, the reference
+system's protocol: one autoregressive decode per prompt) or the source's reference reply
+(`reference`: the first assistant turn, clipped to `completion_tokens`, EOS after a reply that
+fits), whose labels are the target's own argmax at each reply position, from the one prefill that
+also computes the hidden states (train/hidden.py). Prefill costs a fraction of decoding per token.
 """
 from __future__ import annotations
 
@@ -13,28 +22,43 @@ from tqdm import tqdm
 from .sharegpt import normalise, usable
 from .wiki import chat_ids
 
+COMPLETIONS = ("greedy", "reference")
+
 
 def select_prompts(turns, tokenizer, n: int, min_chars: int, max_chars: int,
-                   max_prompt_tokens: int, seed: int) -> list[dict]:
-    """Filter, de-duplicate, shuffle (seeded) and template the first `n` usable prompts."""
+                   max_prompt_tokens: int, seed: int, require_reply: bool = False) -> list[dict]:
+    """Filter, de-duplicate, shuffle (seeded) and template the first `n` usable prompts; `turns`
+    are (source id, text, reply or None)."""
     seen, pool = set(), []
-    for source_id, text in turns:
+    for source_id, text, reply in turns:
         text = normalise(text)
         key = text.lower()
-        if key in seen or not usable(text, min_chars, max_chars):
+        if key in seen or not usable(text, min_chars, max_chars) or (require_reply and not (reply or "").strip()):
             continue
         seen.add(key)
-        pool.append((source_id, text))
+        pool.append((source_id, text, reply))
     random.Random(seed).shuffle(pool)
     out = []
-    for source_id, text in pool:
+    for source_id, text, reply in pool:
         ids = chat_ids(tokenizer, text)
         if len(ids) > max_prompt_tokens:
             continue
-        out.append({"source_id": source_id, "prompt": text, "prompt_ids": ids})
+        out.append({"source_id": source_id, "prompt": text, "prompt_ids": ids, "reply": reply})
         if len(out) == n:
             return out
-    raise ValueError(f"chat set: only {len(out)} usable prompts, {n} requested")
+    raise ValueError(f"chat set: only {len(out)} usable prompts{' with a reply' if require_reply else ''}, "
+                     f"{n} requested")
+
+
+def reference_completion(tokenizer, reply: str, max_tokens: int) -> list[int]:
+    """The reply's tokens after the chat template's assistant header: its first `max_tokens`, or
+    all of them and the end-of-turn token when it fits."""
+    ids = tokenizer(reply.strip(), add_special_tokens=False)["input_ids"]
+    if len(ids) < max_tokens:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("chat set: the tokenizer has no eos_token_id to end a reference reply")
+        return ids + [tokenizer.eos_token_id]
+    return ids[:max_tokens]
 
 
 @torch.inference_mode()
@@ -65,18 +89,29 @@ def greedy_completions(model, tokenizer, prompts: list[list[int]], max_new_token
 def build_chat_splits(turns, model, tokenizer, eos_ids: set[int], *, prefix: str, train_prompts: int,
                       heldout_prompts: int, eval_overlap_prompts: int, completion_tokens: int,
                       min_chars: int, max_chars: int, max_prompt_tokens: int, batch_size: int,
-                      seed: int) -> dict[str, list[dict]]:
+                      seed: int, train_completions: str = "greedy") -> dict[str, list[dict]]:
     if eval_overlap_prompts > train_prompts:
         raise ValueError("chat set: eval_overlap_prompts must not exceed train_prompts")
-    chosen = select_prompts(turns, tokenizer, train_prompts + heldout_prompts, min_chars, max_chars,
-                            max_prompt_tokens, seed)
-    completions = greedy_completions(model, tokenizer, [r["prompt_ids"] for r in chosen],
+    if train_completions not in COMPLETIONS:
+        raise ValueError(f"chat set: train_completions must be one of {COMPLETIONS}, not {train_completions!r}")
+    reference = train_completions == "reference"
+    chosen = select_prompts(turns, tokenizer, heldout_prompts + train_prompts, min_chars, max_chars,
+                            max_prompt_tokens, seed, require_reply=reference)
+    heldout, train = chosen[:heldout_prompts], chosen[heldout_prompts:]
+    greedy = heldout + (train[:eval_overlap_prompts] if reference else train)
+    completions = greedy_completions(model, tokenizer, [r["prompt_ids"] for r in greedy],
                                      completion_tokens, batch_size, eos_ids)
-    records = []
-    for k, (r, comp) in enumerate(zip(chosen, completions)):
-        split = "train" if k < train_prompts else "heldout"
-        records.append({"id": f"{prefix}-{split}-{k:05d}", **r, "completion_ids": comp,
-                        "completion_text": tokenizer.decode(comp, skip_special_tokens=True)})
-    train = records[:train_prompts]
+    for r, comp in zip(greedy, completions):
+        r["completion_ids"], r["completion_source"] = comp, "greedy"
+    for r in train[eval_overlap_prompts:] if reference else []:
+        r["completion_ids"] = reference_completion(tokenizer, r["reply"], completion_tokens)
+        r["completion_source"] = "reference"
+
+    def finish(records, split):
+        return [{"id": f"{prefix}-{split}-{k:05d}", **{f: v for f, v in r.items() if f != "reply"},
+                 "completion_text": tokenizer.decode(r["completion_ids"], skip_special_tokens=True)}
+                for k, r in enumerate(records)]
+
+    train = finish(train, "train")
     return {"train": train, "eval_overlap": train[:eval_overlap_prompts],
-            "eval_heldout": records[train_prompts:]}
+            "eval_heldout": finish(heldout, "heldout")}

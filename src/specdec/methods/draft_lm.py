@@ -96,8 +96,7 @@ def from_pretrained_init(path: str, target_config):
 def clip_prompt(seq: Sequence, keep: int) -> Sequence:
     """Keep only the last `keep` prompt tokens (training cost scales with sequence length; the
     labels are all in the completion)."""
-    cut = max(seq.prompt_len - keep, 0)
-    return Sequence(seq.ids[cut:], seq.prompt_len - cut, {})
+    return seq.clip(max(seq.prompt_len - keep, 0))
 
 
 @dataclass
@@ -110,16 +109,15 @@ class DraftBatch:
 
 
 def causal_batch(seqs: list[Sequence], pad_id: int) -> DraftBatch:
-    """Next-token prediction on completion tokens; right padding (causal attention never looks
-    ahead, so no mask is needed)."""
+    """Next-token prediction of the target's labels at the completion's positions; right padding
+    (causal attention never looks ahead, so no mask is needed)."""
     n = max(len(s.ids) for s in seqs)
     ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
     labels = torch.full((len(seqs), n), IGNORE, dtype=torch.long)
     for b, s in enumerate(seqs):
         ids[b, :len(s.ids)] = s.ids
-        # position t predicts token t+1; only the target's completion tokens are labels
-        start = max(s.prompt_len - 1, 0)
-        labels[b, start:len(s.ids) - 1] = s.ids[start + 1:]
+        # position t predicts the target's token after ids[:t + 1] (labelled positions only)
+        labels[b, :len(s.ids)] = torch.where(s.labels >= 0, s.labels, IGNORE)
     pos = torch.arange(n).expand(len(seqs), n)
     return DraftBatch(ids, pos, labels, None, (labels != IGNORE).long())
 

@@ -124,35 +124,37 @@ def ttt_masks(m: int, steps: int, dtype, start: torch.Tensor | None = None, firs
 
 
 def ttt_batch(seqs, taps: list[int], context: int | None, dtype, device):
-    """(ids, fused-input taps (B, n, T*H), completion-label mask, first real column), prompts
-    clipped to their last `context` tokens and left-padded so that every completion starts in the
-    same column: later TTT steps then only run the rows that lead to a label."""
+    """(ids, fused-input taps (B, n, T*H), targets, first real column), prompts clipped to their
+    last `context` tokens and left-padded so that every completion starts in the same column:
+    later TTT steps then only run the rows that lead to a label. targets[b, c]: the target's token
+    at completion column c (Sequence.labels of c - 1), -1 elsewhere."""
     clipped = []
     for s in seqs:
         a = 0 if context is None else max(0, s.prompt_len - context)
-        clipped.append((s.ids[a:], torch.cat([s.taps[t][a:] for t in taps], dim=-1), s.prompt_len - a))
-    C = max(p for _, _, p in clipped)
-    n = C + max(len(x) - p for x, _, p in clipped)
+        clipped.append((s.ids[a:], torch.cat([s.taps[t][a:] for t in taps], dim=-1), s.prompt_len - a, s.labels[a:]))
+    C = max(p for _, _, p, _ in clipped)
+    n = C + max(len(x) - p for x, _, p, _ in clipped)
     ids = torch.zeros(len(seqs), n, dtype=torch.long)
     feats = torch.zeros(len(seqs), n, clipped[0][1].shape[-1], dtype=dtype)
-    label_ok = torch.zeros(len(seqs), n, dtype=torch.bool)
+    targets = torch.full((len(seqs), n), -1, dtype=torch.long)
     start = torch.zeros(len(seqs), dtype=torch.long)
-    for b, (x, f, p) in enumerate(clipped):
+    for b, (x, f, p, lab) in enumerate(clipped):
         o = start[b] = C - p
-        ids[b, o:o + len(x)], feats[b, o:o + len(x)], label_ok[b, C:o + len(x)] = x, f.to(dtype), True
-    return ids.to(device), feats.to(device), label_ok.to(device), start.to(device)
+        ids[b, o:o + len(x)], feats[b, o:o + len(x)] = x, f.to(dtype)
+        targets[b, o + 1:o + len(x)] = lab[:-1]
+    return ids.to(device), feats.to(device), targets.to(device), start.to(device)
 
 
 def ttt_unroll(drafter: Eagle3Drafter, model, batch, steps: int):
     """The TTT unroll over a ttt_batch -> per step (draft logits of labelled rows, target-id labels)."""
-    ids, feats, label_ok, start = batch
+    ids, feats, targets, start = batch
     B, n = ids.shape
     m = n - 1                                       # rows 0..n-2 (row j reads token j+1)
     embed, rotary = model.model.embed_tokens, model.model.rotary_emb
     ids_pad = F.pad(ids, (0, steps + 1))            # tokens past the end: 0, never labelled
-    ok_pad = F.pad(label_ok, (0, steps + 1))
+    tgt_pad = F.pad(targets, (0, steps + 1), value=-1)
     # after step 0 only rows with a label at some later step matter: j + s + 2 >= first label
-    labelled = label_ok.any(0).nonzero()
+    labelled = (targets >= 0).any(0).nonzero()
     first = int(labelled[0]) if len(labelled) else n
     a = max(0, min(m - 1, first - steps - 1))
     masks = ttt_masks(m, steps, feats.dtype, start, a)
@@ -166,8 +168,9 @@ def ttt_unroll(drafter: Eagle3Drafter, model, batch, steps: int):
         pos = (rows[None] - start[:, None]).clamp(min=0) + s  # row j drafts position j+s
         emb = embed(ids_pad[:, rows + s + 1])
         g, normed = drafter(g, emb, pos, rotary(g, pos), masks[s].to(ids.device), cache)
-        ok = ok_pad[:, rows + s + 2]                # the label of row j at step s is x_(j+s+2)
-        out.append((drafter.lm_head(normed[ok]), ids_pad[:, rows + s + 2][ok]))
+        y = tgt_pad[:, rows + s + 2]                # the label of row j at step s is x_(j+s+2)
+        ok = y >= 0
+        out.append((drafter.lm_head(normed[ok]), y[ok]))
     return out
 
 

@@ -73,7 +73,7 @@ class MedusaHeads(nn.Module):
 # ---- training ---------------------------------------------------------------------------------
 def head_examples(seqs, tap: int, norm: nn.Module, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(post-norm h_t, labels (t+2 .. t+1+K)) for every position t whose next token is a
-    completion token; labels past the end of the sequence, or still in the prompt, are -100."""
+    completion token: the target's tokens there (Sequence.labels); past the end, -100."""
     xs, ys = [], []
     for s in seqs:
         n, p = len(s.ids), s.prompt_len
@@ -86,7 +86,7 @@ def head_examples(seqs, tap: int, norm: nn.Module, num_heads: int) -> tuple[torc
         for k in range(1, num_heads + 1):
             j = t + 1 + k
             ok = j < n
-            lab[ok, k - 1] = s.ids[j[ok]]
+            lab[ok, k - 1] = s.labels[j[ok] - 1]   # the target's token at position j
         ys.append(lab)
     return torch.cat(xs), torch.cat(ys)
 

@@ -81,15 +81,16 @@ def pad_batch(seqs, tap: int, dtype=torch.float32):
     n = max(len(s.ids) for s in seqs)
     ids = torch.zeros(len(seqs), n, dtype=torch.long)
     h = torch.zeros(len(seqs), n, seqs[0].taps[tap].shape[-1], dtype=dtype)
-    label_ok = torch.zeros(len(seqs), n, dtype=torch.bool)  # position holds a completion token
+    # targets[b, c]: the target's token at completion position c (its label from c - 1), -1 elsewhere
+    targets = torch.full((len(seqs), n), -1, dtype=torch.long)
     for b, s in enumerate(seqs):
         ids[b, :len(s.ids)] = s.ids
         h[b, :len(s.ids)] = s.taps[tap].to(dtype)
-        label_ok[b, s.prompt_len:len(s.ids)] = True
-    return ids, h, label_ok
+        targets[b, 1:len(s.ids)] = s.labels[:-1]
+    return ids, h, targets
 
 
-def mtp_forward_train(mtp: MTP, model, ids, h, label_ok):
+def mtp_forward_train(mtp: MTP, model, ids, h, targets):
     """Every module over whole padded sequences (causal attention, no cache).
     Returns per module (logits of labelled positions, labels)."""
     base = model.model
@@ -99,8 +100,9 @@ def mtp_forward_train(mtp: MTP, model, ids, h, label_ok):
         m = n - k                                   # module k runs positions 0..n-k-1
         pos = torch.arange(m, device=ids.device)[None].expand(len(ids), -1)
         g = layer(prev[:, :m], base.embed_tokens(ids[:, k:]), pos, base.rotary_emb(prev, pos))
-        ok = label_ok[:, k + 1:]                    # label of position j is x_(j+k+1)
-        out.append((model.lm_head(g[:, :m - 1][ok]), ids[:, k + 1:][ok]))
+        y = targets[:, k + 1:]                      # label of position j is x_(j+k+1)
+        ok = y >= 0
+        out.append((model.lm_head(g[:, :m - 1][ok]), y[ok]))
         prev = g
     return out
 

@@ -40,15 +40,18 @@ def keep_ratio(j: int, cfg: PardTrainConfig) -> float:
     return 1.0 if j == 0 else max(cfg.cod_ratio ** j, cfg.cod_min_ratio)
 
 
-def pard_example(ids: list[int], prompt_len: int, cfg: PardTrainConfig, u: torch.Tensor | None = None):
+def pard_example(ids: list[int], prompt_len: int, cfg: PardTrainConfig, u: torch.Tensor | None = None,
+                 target: list[int] | None = None):
     """One packed training example -> (tokens, positions, allowed (N, N) bool, labels, label_pos).
-    u[t - first]: the anchor's COD draw (None keeps every node, for evaluation)."""
+    u[t - first]: the anchor's COD draw (None keeps every node, for evaluation). target[t]: the
+    target's token after ids[:t + 1] (Sequence.labels; None: ids[t + 1])."""
     n, K = len(ids), cfg.train_draft_len
+    target = ids[1:] + [IGNORE] if target is None else target
     first = max(prompt_len - 1, 0)            # first anchor: the last prompt token
     tokens, positions = list(ids), list(range(n))
     labels, label_pos = [IGNORE] * n, [0] * n
     for t in range(first, n - 1):             # segment 0: x_t predicts x_(t+1)
-        labels[t], label_pos[t] = ids[t + 1], 1
+        labels[t], label_pos[t] = target[t], 1
     anchor, segment = list(range(n)), [0] * n
     for j in range(1, K):
         for t in range(first, n - 1 - j):     # mask (t, j) predicts x_(t+j+1)
@@ -56,7 +59,7 @@ def pard_example(ids: list[int], prompt_len: int, cfg: PardTrainConfig, u: torch
                 continue
             tokens.append(cfg.pard_token)
             positions.append(t + j)
-            labels.append(ids[t + j + 1])
+            labels.append(target[t + j])
             label_pos.append(j + 1)
             anchor.append(t)
             segment.append(j)
@@ -74,7 +77,7 @@ def pard_batch(seqs, cfg: PardTrainConfig, pad_id: int, gen: torch.Generator | N
     for sq in seqs:
         first = max(sq.prompt_len - 1, 0)
         u = None if gen is None else torch.rand(max(len(sq.ids) - first, 0), generator=gen)
-        examples.append(pard_example(sq.ids.tolist(), sq.prompt_len, cfg, u))
+        examples.append(pard_example(sq.ids.tolist(), sq.prompt_len, cfg, u, sq.labels.tolist()))
     N = max(len(e[0]) for e in examples)
     B = len(examples)
     ids = torch.full((B, N), pad_id, dtype=torch.long)

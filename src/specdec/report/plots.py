@@ -84,3 +84,24 @@ def plot_all(frame: pd.DataFrame, out_dir: str) -> list[str]:
     plt.close(fig)
     paths.append(out / "acceptance_by_position.png")
     return [str(p) for p in paths]
+
+
+def plot_learning_curve(curve: pd.DataFrame, out_dir: str) -> str:
+    """Held-out (and train-overlap) first-step accuracy against training records (log x)."""
+    path = Path(out_dir) / "learning_curve.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    ax.plot(curve["records"], curve["heldout_step1"], marker="o", label="held-out")
+    ax.plot(curve["records"], curve["overlap_step1"], marker="s", ls="--", color="grey",
+            label="train-overlap (best case)")
+    ax.set_xscale("log")
+    ax.set_xlabel("training records")
+    ax.set_ylabel("first draft step top-1 accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    method, steps = curve["method"].iloc[-1], int(curve["steps"].iloc[-1])
+    ax.set_title(f"{method}: {steps} training steps at every size", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

@@ -242,6 +242,45 @@ def render_tables(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def proxy_key(eval_proxy: dict) -> str:
+    """The eval proxy's accuracy list: per Medusa head, MTP module, EAGLE-3 step or draft position."""
+    return next(k for k in eval_proxy["heldout"] if k.startswith(("top1_accuracy", "accuracy")))
+
+
+def learning_curve_frame(ckpt_dirs) -> pd.DataFrame:
+    """One row per checkpoint of a learning curve: training records, steps, passes over the
+    records, and the first draft position's held-out and train-overlap accuracy."""
+    from ..train.checkpoint import checkpoint_record
+    rows = []
+    for d in ckpt_dirs:
+        p, c = checkpoint_record(d)
+        records = c["train"].get("train_records")
+        if records is None:
+            raise ValueError(f"{p}: checkpoint config has no train.train_records (retrain it)")
+        ev, steps, batch = c["eval_proxy"], c["train"]["steps"], c["train"]["batch_size"]
+        key = proxy_key(ev)
+        rows.append({"checkpoint": d, "method": c["method"], "records": records, "steps": steps,
+                     "passes": steps * batch / records if c["method"] != "medusa" else None,
+                     "heldout_step1": ev["heldout"][key][0], "overlap_step1": ev["overlap"][key][0]})
+    return pd.DataFrame(rows).sort_values("records")
+
+
+def render_learning_curve(curve: pd.DataFrame) -> str:
+    if not len(curve):
+        return ""
+    shown = curve.assign(**{
+        "Checkpoint": curve["checkpoint"], "Train records": curve["records"], "Steps": curve["steps"],
+        "Passes over the records": curve["passes"].map(lambda x: _num(x, ".1f")),
+        "Held-out step-1 accuracy": curve["heldout_step1"].map(lambda x: f"{100 * x:.1f}%"),
+        "Train-overlap step-1 accuracy": curve["overlap_step1"].map(lambda x: f"{100 * x:.1f}%")})
+    cols = ["Checkpoint", "Train records", "Steps", "Passes over the records", "Held-out step-1 accuracy",
+            "Train-overlap step-1 accuracy"]
+    return "\n".join(["## Learning curve", "",
+                      "One proposer trained with the same settings and steps on the first N training records: "
+                      "its teacher-forced top-1 accuracy at the first draft position on the held-out chat "
+                      "prompts' greedy completions.", "", shown[cols].to_markdown(index=False), ""])
+
+
 def render_checkpoints(ckpt_dirs) -> str:
     """The trained proposers: training cost and the eval proxy (accuracy per head / module /
     draft position)."""
@@ -256,10 +295,11 @@ def render_checkpoints(ckpt_dirs) -> str:
             if key not in c:
                 raise ValueError(f"{p}: checkpoint config has no field {key!r}")
         ev = c["eval_proxy"]
-        acc_key = next(k for k in ev["heldout"] if k.startswith(("top1_accuracy", "accuracy")))
+        acc_key = proxy_key(ev)
         fmt = lambda xs: " / ".join(f"{100 * x:.1f}%" for x in xs)
-        log = c["train_log"]
-        rows.append({"Checkpoint": d, "Steps x batch": f"{c['train']['steps']} x {c['train']['batch_size']}",
+        log = [r for r in c["train_log"] if "loss" in r]
+        rows.append({"Checkpoint": d, "Train records": c["train"].get("train_records", "-"),
+                     "Steps x batch": f"{c['train']['steps']} x {c['train']['batch_size']}",
                      "Dtype": c["train"].get("dtype", "float32"),
                      "Train time": f"{_num(c.get('train_seconds'), '.0f')}s",
                      "Final train loss": _num(log[-1]["loss"] if log else None, ".3f"),
@@ -272,7 +312,8 @@ def render_checkpoints(ckpt_dirs) -> str:
                       "chat prompts.", "", pd.DataFrame(rows).to_markdown(index=False), ""])
 
 
-def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | None) -> str:
+def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | None,
+                          curve: pd.DataFrame | None = None, curve_plot: str | None = None) -> str:
     """The README's results: the host, the headline table (one row per method), where the rest is."""
     sampled = frame[(frame["backend"] == "torch") & (frame["temperature"] > 0)]
     sampled_note = "" if not len(sampled) else (
@@ -288,6 +329,14 @@ def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | Non
              f"[`{tables_path}`]({tables_path})."]
     if plot:
         lines += ["", f"![speedup]({plot})"]
+    if curve is not None and len(curve):
+        first, last = curve.iloc[0], curve.iloc[-1]
+        lines += ["", f"Learning curve: {last['method']} trained with the same settings and "
+                  f"{int(last['steps'])} steps on the first N training records; its held-out first-step "
+                  f"accuracy went from {100 * first['heldout_step1']:.1f}% with {int(first['records'])} records to "
+                  f"{100 * last['heldout_step1']:.1f}% with {int(last['records'])}."]
+        if curve_plot:
+            lines += ["", f"![learning curve]({curve_plot})"]
     return "\n".join(lines)
 
 
@@ -311,10 +360,10 @@ def rows_html(frame: pd.DataFrame) -> str:
 
 def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section: str,
                  checkpoint_configs=(), out_rows: str | None = None, out_csv: str | None = None,
-                 out_html: str | None = None) -> None:
+                 out_html: str | None = None, curve_dirs=()) -> None:
     """The tables, the plots, the tidy rows and the README's results section (its links relative
     to the working directory, where README.md is; `specdec publish` copies it into the README)."""
-    from .plots import plot_all
+    from .plots import plot_all, plot_learning_curve
 
     frame = rows_frame(summary_paths)
     if out_rows:
@@ -328,9 +377,15 @@ def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section:
     ckpts = render_checkpoints(list(checkpoint_configs))
     if ckpts:
         tables = tables + "\n" + ckpts
+    curve = learning_curve_frame(list(curve_dirs)) if curve_dirs else None
+    if curve is not None:
+        tables = tables + "\n" + render_learning_curve(curve)
     plots = plot_all(frame, plots_dir)
+    if curve is not None:
+        plots.append(plot_learning_curve(curve, plots_dir))
     speedup_plot = next((p for p in plots if Path(p).stem == "speedup"), None)
     section = render_readme_section(frame, os.path.relpath(out_tables),
-                                    None if speedup_plot is None else os.path.relpath(speedup_plot))
+                                    None if speedup_plot is None else os.path.relpath(speedup_plot),
+                                    curve, None if curve is None else os.path.relpath(plots[-1]))
     write_text(out_tables, tables + "\n")
     write_text(readme_section, section + "\n")

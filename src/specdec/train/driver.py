@@ -3,10 +3,10 @@
 The driver does what every method shares: load the frozen target and the hidden-state cache,
 check that the cache was made by this target, seed, draw batches (a fresh permutation of the
 examples every epoch), run the resumable loop (warm-up, cosine schedule, clipping, resume; see
-loop.py), evaluate the proxy on the train-overlap slice and the held-out split, save, and drop
-the resume state. A method supplies only `setup(target, data, settings, tcfg, device) ->
-Trainee`: its module, how many examples it draws from, its loss on a batch of them, its
-evaluation and how it saves.
+loop.py), evaluate the proxy on the train-overlap slice and the held-out split (every
+`eval_every` steps into the log, and at the end), save, and drop the resume state. A method
+supplies only `setup(target, data, settings, tcfg, device) -> Trainee`: its module, how many
+examples it draws from, its loss on a batch of them, its evaluation and how it saves.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def _prepare(method, hidden_path: str, target_dir: str, settings: dict, overlap:
     hs = HiddenStates(hidden_path)
     hs.check_target(target.config)
     taps = method.hidden_taps(target.config, settings)
-    return tcfg, target, hs, TrainData(hs.split("train", taps), hs.split("heldout", taps), overlap)
+    return tcfg, target, hs, TrainData(hs.split("train", taps, tcfg.records), hs.split("heldout", taps), overlap)
 
 
 PROBE_STEPS = 2          # timed training steps per dtype when `auto` has two candidates
@@ -147,10 +147,11 @@ def train_checkpoint(method, *, hidden_path: str, target_dir: str, out_dir: str,
 
     run_id = loop.fingerprint(asdict(tcfg), trainee.settings, hs.meta, trainee.examples)
     print(f"{method.NAME}: {trainee.describe}; {trainee.examples} examples, {tcfg.steps} steps of {tcfg.batch_size}")
-    log = loop.train(trainee.module, loss_fn, tcfg, out_dir, run_id, desc=method.NAME)
+    log = loop.train(trainee.module, loss_fn, tcfg, out_dir, run_id, desc=method.NAME, evaluate=trainee.evaluate)
     with torch.no_grad():
         eval_proxy = trainee.evaluate(trainee.module)
-    trainee.save(out_dir, {**asdict(tcfg), "dtype_requested": requested, "dtype_reason": reason}, log, eval_proxy)
+    trainee.save(out_dir, {**asdict(tcfg), "dtype_requested": requested, "dtype_reason": reason,
+                           "train_records": len(data.train)}, log, eval_proxy)
     loop.finish(out_dir)
     return eval_proxy
 

@@ -1,12 +1,19 @@
-"""The frozen target's hidden states over the distillation set, computed once as a DAG artifact.
+"""The frozen target's labels and hidden states over the distillation set: one forward pass,
+computed once as a DAG artifact.
 
-Medusa, MTP and EAGLE-3 all train on them; recomputing the target forward per method per epoch
-would cost far more than reading this file. Layout (one safetensors file):
+Every learned method trains on the labels; Medusa, MTP and EAGLE-3 also on the hidden states.
+Recomputing the target forward per method per epoch would cost far more than reading this file.
+The labels are the target's own argmax at every completion position (self-distillation): on a
+record whose completion is the target's greedy output they are that output's next tokens; on a
+reference reply (a fixed text) they are what the target would have said at each of its positions.
+Layout (one safetensors file; the reader maps it, so a split's states are read as batches use them):
   {split}.ids          int64 (tokens,)        prompt_ids + completion_ids of every record, concatenated
   {split}.offsets      int64 (records + 1,)   record r is ids[offsets[r]:offsets[r + 1]]
-  {split}.prompt_len   int64 (records,)       labels are the completion tokens (distillation)
-  {split}.tap{L}       (tokens, hidden)       transformers' output_hidden_states[L]
-metadata: target, hidden_size, vocab_size, num_layers, taps, dtype.
+  {split}.prompt_len   int64 (records,)
+  {split}.labels       int64 (tokens,)        label t: the target's argmax after ids[:t + 1], at the
+                                              positions whose next token is a completion token; -1 elsewhere
+  {split}.tap{L}       (tokens, hidden)       transformers' output_hidden_states[L], stored in `store_dtype`
+metadata: target, hidden_size, vocab_size, num_layers, taps, dtype (compute), store_dtype.
 """
 from __future__ import annotations
 
@@ -21,17 +28,22 @@ from tqdm import tqdm
 
 from ..data.records import atomic_path, read_jsonl
 
+IGNORE = -1   # a position without a label
+
 
 @torch.inference_mode()
-def compute_hidden_states(model, records: list[dict], taps: list[int], batch_size: int = 8,
-                          desc: str = "hidden states") -> dict[str, torch.Tensor]:
-    """Run the target over prompt + completion of each record; keep the taps of every token."""
+def compute_hidden_states(model, records: list[dict], taps: list[int], batch_size: int = 8, desc: str = "hidden states",
+                          store_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Run the target over prompt + completion of each record; keep the taps of every token and
+    the target's argmax at every position whose next token is a completion token."""
     seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in records]
+    plens = [len(r["prompt_ids"]) for r in records]
     n_layers = model.config.num_hidden_layers
     for layer in taps:
         if not 0 <= layer <= n_layers:
             raise ValueError(f"hidden tap {layer} out of range 0..{n_layers}")
     out = {layer: [None] * len(seqs) for layer in taps}
+    labels = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # similar lengths share a batch
     device = next(model.parameters()).device
     for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
@@ -41,14 +53,22 @@ def compute_hidden_states(model, records: list[dict], taps: list[int], batch_siz
         ids = torch.zeros(len(idx), width, dtype=torch.long)
         for row, i in enumerate(idx):
             ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
-        hs = model.model(input_ids=ids.to(device), output_hidden_states=True, use_cache=False).hidden_states
-        for layer in taps:
-            for row, i in enumerate(idx):
-                out[layer][i] = hs[layer][row, :len(seqs[i])].cpu()
+        out_b = model.model(input_ids=ids.to(device), output_hidden_states=True, use_cache=False)
+        hs = out_b.hidden_states
+        for row, i in enumerate(idx):
+            n, a = len(seqs[i]), max(plens[i] - 1, 0)
+            for layer in taps:
+                out[layer][i] = hs[layer][row, :n].to("cpu", store_dtype or hs[layer].dtype)
+            # label t = argmax p(. | ids[:t + 1]) for t in [prompt_len - 1, n - 2]: the LM head
+            # only where there is a label ((n - a - 1, hidden) @ (hidden, V))
+            lab = torch.full((n,), IGNORE, dtype=torch.long)
+            lab[a:n - 1] = model.lm_head(out_b.last_hidden_state[row, a:n - 1]).argmax(-1).cpu()
+            labels[i] = lab
     tensors = {
         "ids": torch.tensor([t for s in seqs for t in s], dtype=torch.long),
         "offsets": torch.tensor([0] + list(torch.tensor([len(s) for s in seqs]).cumsum(0).tolist()), dtype=torch.long),
-        "prompt_len": torch.tensor([len(r["prompt_ids"]) for r in records], dtype=torch.long),
+        "prompt_len": torch.tensor(plens, dtype=torch.long),
+        "labels": torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long),
     }
     for layer in taps:
         tensors[f"tap{layer}"] = torch.cat(out[layer]).contiguous()
@@ -56,17 +76,20 @@ def compute_hidden_states(model, records: list[dict], taps: list[int], batch_siz
 
 
 def write_hidden_states(target_dir: str, splits: dict[str, str], taps: list[int], out: str,
-                        dtype: str = "bfloat16", device: str = "cpu", batch_size: int = 8) -> None:
+                        dtype: str = "bfloat16", device: str = "cpu", batch_size: int = 8,
+                        store_dtype: str | None = None) -> None:
+    """`dtype`: the forward's; `store_dtype`: the stored states' (None: the forward's)."""
     from ..models import load_causal_lm
     model = load_causal_lm(target_dir, dtype, device)
+    store = getattr(torch, store_dtype or dtype)
     tensors = {}
     for split, path in splits.items():
         records = read_jsonl(path, ("prompt_ids", "completion_ids"))
-        for name, t in compute_hidden_states(model, records, taps, batch_size, desc=split).items():
+        for name, t in compute_hidden_states(model, records, taps, batch_size, desc=split, store_dtype=store).items():
             tensors[f"{split}.{name}"] = t
     meta = {"target": str(target_dir), "hidden_size": model.config.hidden_size,
             "vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
-            "taps": taps, "dtype": dtype, "splits": list(splits)}
+            "taps": taps, "dtype": dtype, "store_dtype": str(store).removeprefix("torch."), "splits": list(splits)}
     with atomic_path(out) as tmp:
         save_file(tensors, tmp, metadata={"specdec": json.dumps(meta)})
 
@@ -76,6 +99,20 @@ class Sequence:
     ids: torch.Tensor                 # (n,) prompt + completion
     prompt_len: int
     taps: dict[int, torch.Tensor]     # layer -> (n, hidden)
+    labels: torch.Tensor | None = None  # (n,) label t: the target's token after ids[:t + 1]; IGNORE (-1)
+                                        # where none. None: the completion's own next tokens
+                                        # (the completion is the target's greedy output)
+
+    def __post_init__(self):
+        if self.labels is None:
+            self.labels = torch.full((len(self.ids),), IGNORE, dtype=torch.long)
+            a = max(self.prompt_len - 1, 0)
+            self.labels[a:len(self.ids) - 1] = self.ids[a + 1:]
+
+    def clip(self, start: int) -> Sequence:
+        """The sequence from token `start` on (its prompt shortened; the labels kept)."""
+        return Sequence(self.ids[start:], self.prompt_len - start, {t: v[start:] for t, v in self.taps.items()},
+                        self.labels[start:])
 
 
 class HiddenStates:
@@ -96,7 +133,8 @@ class HiddenStates:
                 raise ValueError(f"{self.path}: {field} {self.meta[field]} does not match the "
                                  f"target's {field} {getattr(config, field)}")
 
-    def split(self, name: str, taps: list[int]) -> list[Sequence]:
+    def split(self, name: str, taps: list[int], records: int | None = None) -> list[Sequence]:
+        """The split's sequences (the first `records` of them), their taps views of the mapped file."""
         if name not in self.meta["splits"]:
             raise ValueError(f"{self.path}: no split {name!r} (has {self.meta['splits']})")
         missing = [t for t in taps if t not in self.meta["taps"]]
@@ -106,6 +144,14 @@ class HiddenStates:
         with safe_open(self.path, "pt") as f:
             ids, off = f.get_tensor(f"{name}.ids"), f.get_tensor(f"{name}.offsets").tolist()
             plen = f.get_tensor(f"{name}.prompt_len").tolist()
+            if f"{name}.labels" not in f.keys():
+                raise ValueError(f"{self.path}: split {name!r} has no labels (a file from an older "
+                                 f"version of specdec: delete it and rerun the hidden_states job)")
+            labels = f.get_tensor(f"{name}.labels")
+            # get_tensor maps the file (no copy): a tap is read from disk when a batch slices it
             tap = {t: f.get_tensor(f"{name}.tap{t}") for t in taps}
-        return [Sequence(ids[a:b], plen[r], {t: v[a:b] for t, v in tap.items()})
-                for r, (a, b) in enumerate(zip(off[:-1], off[1:]))]
+        if records is not None and not 1 <= records <= len(plen):
+            raise ValueError(f"{self.path}: split {name!r} has {len(plen)} records, {records} requested")
+        bounds = list(zip(off[:-1], off[1:]))[:records]
+        return [Sequence(ids[a:b], plen[r], {t: v[a:b] for t, v in tap.items()}, labels[a:b])
+                for r, (a, b) in enumerate(bounds)]

@@ -33,6 +33,8 @@ class TrainConfig:
     warmup_steps: int = 10
     save_every: int = 50
     log_every: int = 10
+    eval_every: int = 0       # steps between evaluations of the eval proxy (logged); 0: at the end only
+    records: int | None = None  # train on the first N training records (None: all)
     seed: int = 0
     dtype: str = "float32"    # parameter/compute dtype; "auto": the driver times the candidates (driver.choose_dtype)
 
@@ -64,9 +66,12 @@ def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list,
 
 
 def train(module: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, int], tuple[torch.Tensor, dict]],
-          cfg: TrainConfig, out_dir: str | os.PathLike, run_id: str, desc: str = "train") -> list[dict]:
+          cfg: TrainConfig, out_dir: str | os.PathLike, run_id: str, desc: str = "train",
+          evaluate: Callable[[torch.nn.Module], dict] | None = None) -> list[dict]:
     """Train `module` in place for cfg.steps; returns the log (one dict per logged step, with
-    elapsed_s counting the training time of every resumed part)."""
+    elapsed_s counting the training time of every resumed part). Every cfg.eval_every steps
+    (before the last), `evaluate(module)` runs in eval mode without gradients and its result is
+    logged under "eval" (its time is not counted in elapsed_s)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     resume = out / "resume.pt"
@@ -102,6 +107,13 @@ def train(module: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, int], tup
             log.append(row)
             window = []
             bar.set_postfix(loss=f"{row['loss']:.3f}")
+        if evaluate is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            t_eval = time.perf_counter()
+            module.eval()
+            with torch.no_grad():
+                log.append({"step": step + 1, "eval": evaluate(module)})
+            module.train()
+            t0 += time.perf_counter() - t_eval
         if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
             _save(resume, {"run_id": run_id, "module": {k: v for k, v in module.state_dict().items()},
                            "optimizer": opt.state_dict(), "step": step + 1, "log": log,

@@ -7,11 +7,12 @@ import torch
 
 
 def frequent_tokens(seqs, size: int, vocab_size: int) -> torch.Tensor:
-    """Ascending ids of the `size` most frequent tokens over the training sequences (prompt and
-    completion; ties and unseen tokens by lower id)."""
+    """Ascending ids of the `size` most frequent tokens over the training sequences (their
+    tokens and the target's labels; ties and unseen tokens by lower id)."""
     if not 1 <= size <= vocab_size:
         raise ValueError(f"draft vocabulary size {size} must be in 1..{vocab_size}")
-    counts = torch.bincount(torch.cat([s.ids for s in seqs]), minlength=vocab_size).double()
+    counts = torch.bincount(torch.cat([s.ids for s in seqs] + [s.labels[s.labels >= 0] for s in seqs]),
+                            minlength=vocab_size).double()
     counts -= torch.arange(vocab_size, dtype=torch.double) / (2 * vocab_size)  # ties: lower id first
     return counts.topk(size).indices.sort().values
 
@@ -24,7 +25,7 @@ def target_to_draft(vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def coverage(seqs, vocab: torch.Tensor, vocab_size: int) -> float:
-    """Share of completion tokens (the labels) inside the draft vocabulary."""
+    """Share of the labels (the target's tokens at the completion positions) inside the draft vocabulary."""
     t2d = target_to_draft(vocab, vocab_size)
-    labels = torch.cat([s.ids[s.prompt_len:] for s in seqs])
+    labels = torch.cat([s.labels[s.labels >= 0] for s in seqs])
     return (t2d[labels] >= 0).double().mean().item() if len(labels) else float("nan")
