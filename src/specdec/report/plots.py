@@ -95,6 +95,8 @@ def plot_learning_curve(curve: pd.DataFrame, out_dir: str) -> str:
     ax.plot(curve["records"], curve["overlap_step1"], marker="s", ls="--", color="grey",
             label="train-overlap (best case)")
     ax.set_xscale("log")
+    ax.set_xticks(list(curve["records"]), [str(n) for n in curve["records"]])
+    ax.minorticks_off()
     ax.set_xlabel("training records")
     ax.set_ylabel("first draft step top-1 accuracy")
     ax.set_ylim(0, 1)
