@@ -464,11 +464,13 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     assert vllm_jobs(out) == ["chat_heldout", "chat_overlap"]
     draft_lm = Path("src") / "specdec" / "methods" / "draft_lm.py"
     shutil.copy2(REPO / draft_lm, wd / draft_lm)
-    # EAGLE-3: its training, export, the one PyTorch job of its chain and tree rows, its vLLM rows
+    # EAGLE-3: its training (and its learning-curve checkpoint's), export, the one PyTorch job of
+    # its chain and tree rows, its vLLM rows
     edit(wd / "src" / "specdec" / "methods" / "eagle3.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "export_vllm": 1,
+    assert job_counts(out) == {"train_proposer": 2, "bench_torch": 1, "export_vllm": 1,
                                "bench_vllm": 1, "report": 1}
+    assert "checkpoints/eagle3/ttt2_records3/manifest.json" in out
     assert torch_jobs(out) == ["float32/chat_overlap"] and vllm_jobs(out) == ["chat_overlap"]
     assert all("eagle3" in o or o.startswith(("results/tables", "results/plots", "results/rows",
                                               "results/torch/float32/chat_overlap",
