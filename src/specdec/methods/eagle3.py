@@ -127,11 +127,11 @@ def ttt_batch(seqs, taps: list[int], context: int | None, dtype, device):
     """(ids, fused-input taps (B, n, T*H), targets, first real column), prompts clipped to their
     last `context` tokens and left-padded so that every completion starts in the same column:
     later TTT steps then only run the rows that lead to a label. targets[b, c]: the target's token
-    at completion column c (Sequence.labels of c - 1), -1 elsewhere."""
+    at completion column c (Sequence.targets), -1 elsewhere."""
     clipped = []
     for s in seqs:
         a = 0 if context is None else max(0, s.prompt_len - context)
-        clipped.append((s.ids[a:], torch.cat([s.taps[t][a:] for t in taps], dim=-1), s.prompt_len - a, s.labels[a:]))
+        clipped.append((s.ids[a:], torch.cat([s.taps[t][a:] for t in taps], dim=-1), s.prompt_len - a, s.targets[a:]))
     C = max(p for _, _, p, _ in clipped)
     n = C + max(len(x) - p for x, _, p, _ in clipped)
     ids = torch.zeros(len(seqs), n, dtype=torch.long)
@@ -141,7 +141,7 @@ def ttt_batch(seqs, taps: list[int], context: int | None, dtype, device):
     for b, (x, f, p, lab) in enumerate(clipped):
         o = start[b] = C - p
         ids[b, o:o + len(x)], feats[b, o:o + len(x)] = x, f.to(dtype)
-        targets[b, o + 1:o + len(x)] = lab[:-1]
+        targets[b, o:o + len(x)] = lab
     return ids.to(device), feats.to(device), targets.to(device), start.to(device)
 
 

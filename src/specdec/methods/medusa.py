@@ -83,10 +83,11 @@ def head_examples(seqs, tap: int, norm: nn.Module, num_heads: int) -> tuple[torc
         with torch.no_grad():
             xs.append(norm(s.taps[tap][t].float()))
         lab = torch.full((len(t), num_heads), -100, dtype=torch.long)
+        targets = s.targets                 # the target's token at each completion position
         for k in range(1, num_heads + 1):
             j = t + 1 + k
             ok = j < n
-            lab[ok, k - 1] = s.labels[j[ok] - 1]   # the target's token at position j
+            lab[ok, k - 1] = targets[j[ok]]
         ys.append(lab)
     return torch.cat(xs), torch.cat(ys)
 

@@ -81,12 +81,11 @@ def pad_batch(seqs, tap: int, dtype=torch.float32):
     n = max(len(s.ids) for s in seqs)
     ids = torch.zeros(len(seqs), n, dtype=torch.long)
     h = torch.zeros(len(seqs), n, seqs[0].taps[tap].shape[-1], dtype=dtype)
-    # targets[b, c]: the target's token at completion position c (its label from c - 1), -1 elsewhere
-    targets = torch.full((len(seqs), n), -1, dtype=torch.long)
+    targets = torch.full((len(seqs), n), -1, dtype=torch.long)   # Sequence.targets, padded
     for b, s in enumerate(seqs):
         ids[b, :len(s.ids)] = s.ids
         h[b, :len(s.ids)] = s.taps[tap].to(dtype)
-        targets[b, 1:len(s.ids)] = s.labels[:-1]
+        targets[b, :len(s.ids)] = s.targets
     return ids, h, targets
 
 

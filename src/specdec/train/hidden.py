@@ -109,6 +109,12 @@ class Sequence:
             a = max(self.prompt_len - 1, 0)
             self.labels[a:len(self.ids) - 1] = self.ids[a + 1:]
 
+    @property
+    def targets(self) -> torch.Tensor:
+        """(n,) the target's token at each completion position (the label of the position before),
+        IGNORE elsewhere: what a drafter reading position t's input predicts for position t."""
+        return torch.cat([self.labels.new_full((1,), IGNORE), self.labels[:-1]])
+
     def clip(self, start: int) -> Sequence:
         """The sequence from token `start` on (its prompt shortened; the labels kept)."""
         return Sequence(self.ids[start:], self.prompt_len - start, {t: v[start:] for t, v in self.taps.items()},
