@@ -163,9 +163,8 @@ def test_eval_proxy_is_logged_during_training(tmp_path):
     assert "loss" in log[-1] and log[-1]["step"] == 10
 
 
-def test_learning_curve_table_plot_and_readme_line(tmp_path):
-    from specdec.report.plots import plot_learning_curve
-    from specdec.report.tables import learning_curve_frame, render_learning_curve
+def test_learning_curve_table_and_plot(tmp_path):
+    from specdec.report.tables import learning_curve_frame, render_learning_curve, write_learning_curve
     dirs = []
     for n, acc in ((100, 0.2), (1000, 0.4), (300, 0.3)):
         d = tmp_path / f"c{n}"
@@ -181,4 +180,12 @@ def test_learning_curve_table_plot_and_readme_line(tmp_path):
     assert curve["passes"].tolist() == [24.0, 8.0, 2.4]
     md = render_learning_curve(curve)
     assert " 1000 |" in md and "40.0%" in md
-    assert plot_learning_curve(curve, str(tmp_path / "plots")).endswith("learning_curve.png")
+    out = tmp_path / "results"
+    write_learning_curve(dirs, str(out / "learning_curve.md"), str(out / "plots" / "learning_curve.png"))
+    table = (out / "learning_curve.md").read_text()
+    assert "from 20.0% with 100 records to 40.0% with 1000" in table
+    assert "![learning curve](plots/learning_curve.png)" in table
+    assert (out / "plots" / "learning_curve.png").stat().st_size > 0
+    (tmp_path / "c300" / "config.json").write_text(json.dumps({"method": "eagle3", "train": {"steps": 3}}))
+    with pytest.raises(ValueError, match="c300.*train_records"):
+        learning_curve_frame(dirs)

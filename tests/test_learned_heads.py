@@ -177,6 +177,27 @@ def test_draft_vocabulary_is_the_most_frequent_tokens(trained):
         frequent_tokens(seqs, 65, 64)
 
 
+def test_medusa_calibrates_on_a_seeded_sample_of_train_positions(trained, monkeypatch):
+    root, model = trained["root"], trained["model"]
+    L = model.config.num_hidden_layers
+    x, y = medusa.head_examples(HiddenStates(str(trained["hidden"])).split("train", [L]), L, model.model.norm, 3)
+    keep = medusa.calibration_sample(len(x), 20)
+    assert len(x) > 20 and keep.unique().numel() == 20 and torch.equal(keep, medusa.calibration_sample(len(x), 20))
+    assert torch.equal(medusa.calibration_sample(len(x), None), torch.arange(len(x)))
+    seen, real = [], medusa.rank_accuracy
+
+    def spy(heads, xs, ys, max_rank):
+        seen.append(xs.clone())
+        return real(heads, xs, ys, max_rank)
+
+    monkeypatch.setattr(medusa, "rank_accuracy", spy)
+    train_checkpoint("medusa", str(trained["hidden"]), str(trained["target_dir"]), str(root / "medusa_cal"),
+                     {"train": FAST, "medusa": {"num_heads": 3, "calibration_positions": 20}}, overlap=4)
+    # the eval splits whole, the train split on the sample's positions
+    assert len(seen) == 3 and sum(torch.equal(xs, x[keep]) for xs in seen) == 1
+    assert sorted(len(xs) for xs in seen)[-1] < len(x)
+
+
 @pytest.mark.parametrize("method,ckpt", [("medusa", "medusa"), ("medusa", "medusa_dv"), ("mtp", "mtp2")])
 def test_checkpoint_round_trip_and_mismatch(trained, method, ckpt, tmp_path):
     model = trained["model"]

@@ -122,7 +122,7 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
 def smoke_run(tmp_path_factory):
     """The smoke DAG on two cores: data jobs may run side by side, a benchmark never does."""
     wd = copy_workflow(tmp_path_factory.mktemp("smoke"))
-    proc = smk(wd, "results/tables.md", "--cores", "2", *SMOKE)
+    proc = smk(wd, "results/tables.md", "results/learning_curve.md", "--cores", "2", *SMOKE)
     (wd / "smoke.log").write_text(proc.stdout + proc.stderr)
     return wd
 
@@ -412,7 +412,9 @@ def test_smoke_dag_end_to_end(smoke_run):
     curve = json.loads((wd / "checkpoints/eagle3/ttt2_records3/config.json").read_text())
     assert curve["train"]["records"] == curve["train"]["train_records"] == 3
     assert [r["step"] for r in curve["train_log"] if "eval" in r] == [2]
-    assert "## Learning curve" in tables and (wd / "results/plots/learning_curve.png").stat().st_size > 0
+    # its opt-in target, not part of results/tables.md
+    assert "## Learning curve" in (wd / "results/learning_curve.md").read_text()
+    assert (wd / "results/plots/learning_curve.png").stat().st_size > 0 and "Learning curve" not in tables
     assert not list(wd.rglob("*.tmp")) and not list(wd.rglob("*.partial"))
 
 
@@ -464,13 +466,15 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     assert vllm_jobs(out) == ["chat_heldout", "chat_overlap"]
     draft_lm = Path("src") / "specdec" / "methods" / "draft_lm.py"
     shutil.copy2(REPO / draft_lm, wd / draft_lm)
-    # EAGLE-3: its training (and its learning-curve checkpoint's), export, the one PyTorch job of
-    # its chain and tree rows, its vLLM rows
+    # EAGLE-3: its training, export, the one PyTorch job of its chain and tree rows, its vLLM rows
+    # (its learning-curve checkpoint only with that target)
     edit(wd / "src" / "specdec" / "methods" / "eagle3.py")
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    assert job_counts(out) == {"train_proposer": 2, "bench_torch": 1, "export_vllm": 1,
+    assert job_counts(out) == {"train_proposer": 1, "bench_torch": 1, "export_vllm": 1,
                                "bench_vllm": 1, "report": 1}
-    assert "checkpoints/eagle3/ttt2_records3/manifest.json" in out
+    assert "checkpoints/eagle3/ttt2_records3/manifest.json" not in out
+    curve = smk(wd, "-n", "results/learning_curve.md", "--cores", "1", *SMOKE).stdout
+    assert job_counts(curve) == {"train_proposer": 2, "learning_curve": 1}
     assert torch_jobs(out) == ["float32/chat_overlap"] and vllm_jobs(out) == ["chat_overlap"]
     assert all("eagle3" in o or o.startswith(("results/tables", "results/plots", "results/rows",
                                               "results/torch/float32/chat_overlap",

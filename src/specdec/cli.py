@@ -251,7 +251,12 @@ def cmd_generate(a):
 def cmd_report(a):
     from .report.tables import write_report
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.checkpoints,
-                 out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html, curve_dirs=a.learning_curve)
+                 out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html)
+
+
+def cmd_learning_curve(a):
+    from .report.tables import write_learning_curve
+    write_learning_curve(a.checkpoints, a.out_table, a.out_plot)
 
 
 def cmd_job_costs(a):
@@ -417,9 +422,14 @@ def _report_verbs(sub) -> None:
     s.add_argument("--plots-dir", required=True)
     s.add_argument("--readme-section", required=True)
     s.add_argument("--checkpoints", nargs="*", default=[], help="trained proposers' checkpoint directories")
-    s.add_argument("--learning-curve", nargs="*", default=[],
-                   help="checkpoint directories of one proposer trained on growing training sets")
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("learning-curve", help="one proposer's held-out accuracy against training-set size")
+    s.add_argument("--checkpoints", nargs="+", required=True,
+                   help="checkpoint directories of one proposer trained on growing training sets")
+    s.add_argument("--out-table", required=True)
+    s.add_argument("--out-plot", required=True)
+    s.set_defaults(func=cmd_learning_curve)
 
     s = sub.add_parser("drift", help="speedup drift between two runs of the benchmark stage")
     s.add_argument("--first", nargs="+", required=True, help="summaries of the first run")

@@ -17,8 +17,11 @@ registry.check_config(config)  # every variant's parameters and checkpoint's set
 def _learning_curve():
     """train.learning_curve: its checkpoint trained again, with the same settings and steps, on
     the first N training records for each N of `records` (checkpoints <name>_records<N>, added
-    to train.checkpoints here). Returns the curve's checkpoint directories, the full one last."""
-    curve = config["train"]["learning_curve"]
+    to train.checkpoints here). Returns the curve's checkpoint directories, the full one last;
+    none when the config has no curve."""
+    curve = config["train"].get("learning_curve")
+    if curve is None:
+        return []
     method, _, name = curve["checkpoint"].partition("/")
     base = config["train"]["checkpoints"].get(method, {}).get(name)
     if base is None:
@@ -33,6 +36,13 @@ def _learning_curve():
 
 
 LEARNING_CURVE = _learning_curve()
+
+
+def learning_curve_checkpoints(wildcards):
+    if not LEARNING_CURVE:
+        raise WorkflowError("config: results/learning_curve.md needs train.learning_curve "
+                            "(checkpoint: method/name, records: [N, ...])")
+    return [f"{d}/manifest.json" for d in LEARNING_CURVE]
 # Jobs run `python -m specdec`: put the interpreter running snakemake (the project venv) first on
 # PATH, so `.venv/bin/snakemake ...` works without activating the venv. --use-conda overrides it.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"

@@ -86,9 +86,9 @@ def plot_all(frame: pd.DataFrame, out_dir: str) -> list[str]:
     return [str(p) for p in paths]
 
 
-def plot_learning_curve(curve: pd.DataFrame, out_dir: str) -> str:
+def plot_learning_curve(curve: pd.DataFrame, out_path: str) -> str:
     """Held-out (and train-overlap) first-step accuracy against training records (log x)."""
-    path = Path(out_dir) / "learning_curve.png"
+    path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(5.5, 4))
     ax.plot(curve["records"], curve["heldout_step1"], marker="o", label="held-out")

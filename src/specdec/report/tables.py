@@ -281,6 +281,20 @@ def render_learning_curve(curve: pd.DataFrame) -> str:
                       "prompts' greedy completions.", "", shown[cols].to_markdown(index=False), ""])
 
 
+def write_learning_curve(ckpt_dirs, out_table: str, out_plot: str) -> None:
+    """results/learning_curve.md and its plot, from one proposer's checkpoints at growing sizes."""
+    from .plots import plot_learning_curve
+    curve = learning_curve_frame(list(ckpt_dirs))
+    first, last = curve.iloc[0], curve.iloc[-1]
+    summary = (f"{last['method']} trained with the same settings and {int(last['steps'])} steps on the first N "
+               f"training records: its held-out first-step accuracy went from {100 * first['heldout_step1']:.1f}% "
+               f"with {int(first['records'])} records to {100 * last['heldout_step1']:.1f}% with "
+               f"{int(last['records'])}.")
+    plot = plot_learning_curve(curve, out_plot)
+    rel = os.path.relpath(plot, os.path.dirname(os.path.abspath(out_table)))
+    write_text(out_table, render_learning_curve(curve) + f"\n{summary}\n\n![learning curve]({rel})\n")
+
+
 def render_checkpoints(ckpt_dirs) -> str:
     """The trained proposers: training cost and the eval proxy (accuracy per head / module /
     draft position)."""
@@ -312,8 +326,7 @@ def render_checkpoints(ckpt_dirs) -> str:
                       "chat prompts.", "", pd.DataFrame(rows).to_markdown(index=False), ""])
 
 
-def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | None,
-                          curve: pd.DataFrame | None = None, curve_plot: str | None = None) -> str:
+def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | None) -> str:
     """The README's results: the host, the headline table (one row per method), where the rest is."""
     sampled = frame[(frame["backend"] == "torch") & (frame["temperature"] > 0)]
     sampled_note = "" if not len(sampled) else (
@@ -329,14 +342,6 @@ def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | Non
              f"[`{tables_path}`]({tables_path})."]
     if plot:
         lines += ["", f"![speedup]({plot})"]
-    if curve is not None and len(curve):
-        first, last = curve.iloc[0], curve.iloc[-1]
-        lines += ["", f"Learning curve: {last['method']} trained with the same settings and "
-                  f"{int(last['steps'])} steps on the first N training records; its held-out first-step "
-                  f"accuracy went from {100 * first['heldout_step1']:.1f}% with {int(first['records'])} records to "
-                  f"{100 * last['heldout_step1']:.1f}% with {int(last['records'])}."]
-        if curve_plot:
-            lines += ["", f"![learning curve]({curve_plot})"]
     return "\n".join(lines)
 
 
@@ -360,10 +365,10 @@ def rows_html(frame: pd.DataFrame) -> str:
 
 def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section: str,
                  checkpoint_configs=(), out_rows: str | None = None, out_csv: str | None = None,
-                 out_html: str | None = None, curve_dirs=()) -> None:
+                 out_html: str | None = None) -> None:
     """The tables, the plots, the tidy rows and the README's results section (its links relative
     to the working directory, where README.md is; `specdec publish` copies it into the README)."""
-    from .plots import plot_all, plot_learning_curve
+    from .plots import plot_all
 
     frame = rows_frame(summary_paths)
     if out_rows:
@@ -377,15 +382,9 @@ def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section:
     ckpts = render_checkpoints(list(checkpoint_configs))
     if ckpts:
         tables = tables + "\n" + ckpts
-    curve = learning_curve_frame(list(curve_dirs)) if curve_dirs else None
-    if curve is not None:
-        tables = tables + "\n" + render_learning_curve(curve)
     plots = plot_all(frame, plots_dir)
-    if curve is not None:
-        plots.append(plot_learning_curve(curve, plots_dir))
     speedup_plot = next((p for p in plots if Path(p).stem == "speedup"), None)
     section = render_readme_section(frame, os.path.relpath(out_tables),
-                                    None if speedup_plot is None else os.path.relpath(speedup_plot),
-                                    curve, None if curve is None else os.path.relpath(plots[-1]))
+                                    None if speedup_plot is None else os.path.relpath(speedup_plot))
     write_text(out_tables, tables + "\n")
     write_text(readme_section, section + "\n")
