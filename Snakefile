@@ -1,7 +1,10 @@
 # Speculative decoding from scratch, benchmarked behind one shared decoding contract.
 # Default: the embedded CPU config (SmolLM2-135M-Instruct). Full scale:
 #   snakemake results/tables.md --cores 1 --configfile workflow/configs/full-scale.yaml
-from snakemake.utils import min_version, validate
+import sys
+from pathlib import Path
+
+from snakemake.utils import min_version, update_config, validate
 
 min_version("8.0")
 
@@ -10,6 +13,16 @@ min_version("8.0")
 if not workflow.overwrite_configfiles:
 
     configfile: "config.yaml"
+
+
+# The default's size on this host class (config `sizing`): on a CPU without native bf16 matmuls,
+# where every forward runs in fp32 at about half the speed, sizing.float32 replaces the keys it
+# names. The merged config is what the schema checks and the jobs read.
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from specdec.host import sizing  # noqa: E402
+
+SIZED_FOR, SIZING = sizing(config)
+update_config(config, SIZING)
 
 
 envvars:

@@ -50,3 +50,16 @@ def test_cuda_is_bf16_whatever_the_cpu(fake_host):
 def test_the_real_probe_reads_this_host():
     cap = host.capability()
     assert cap["isa"] and isinstance(cap["native_bf16"], bool)
+
+
+def test_sizing_follows_the_planning_host(fake_host):
+    """config `sizing`: the class `auto` names is this machine's speed dtype for the config's
+    device; an explicit class wins; a class the config does not size replaces nothing."""
+    config = {"device": "cpu", "sizing": {"host": "auto", "float32": {"bench": {"datasets": {"x": {"prompts": 4}}}}}}
+    fake_host({"avx2"}, "AVX2")
+    assert host.sizing(config) == ("float32", {"bench": {"datasets": {"x": {"prompts": 4}}}})
+    assert host.sizing({**config, "device": "cuda"}) == ("bfloat16", {})
+    fake_host({"avx512f", "avx512_bf16"}, "AVX512")
+    assert host.sizing(config) == ("bfloat16", {})
+    assert host.sizing({**config, "sizing": {**config["sizing"], "host": "float32"}})[0] == "float32"
+    assert host.sizing({"device": "cpu"}) == ("bfloat16", {})   # no sizing section: the config as written

@@ -6,6 +6,7 @@ import pytest
 
 from specdec.report.drift import write_drift
 from specdec.report.publish import patch, publish
+from specdec.report.rows import rows_frame
 from specdec.report.tables import END, START, write_report
 
 CPU = {"cpu_model": "AMD EPYC", "isa": "AVX2", "native_bf16": False, "bf16_flags": []}
@@ -130,6 +131,19 @@ def test_two_summaries_for_one_row_are_an_error(tmp_path):
     paths = write(tmp_path, [summary("ngram/k5", speedup=2.0), summary("ngram/k5", speedup=2.1)])
     with pytest.raises(ValueError, match="two summaries for one row"):
         write_report(paths, str(tmp_path / "t.md"), str(tmp_path / "p"), str(tmp_path / "s.md"))
+
+
+def test_auto_and_float32_rows_stay_apart_where_auto_is_float32(tmp_path):
+    """On a host whose speed dtype is float32, the `auto` job (speed rows) and the `float32` job
+    (lossless checks) time the same methods in fp32: two rows, each named by what it was asked."""
+    paths = write(tmp_path, [summary("ngram/k5", speedup=2.0, dataset="chat_heldout", requested="auto"),
+                             summary("ngram/k5", speedup=1.5, dataset="chat_overlap", requested="auto"),
+                             summary("ngram/k5", speedup=1.4, dataset="chat_overlap")])
+    write_report(paths, str(tmp_path / "t.md"), str(tmp_path / "p"), str(tmp_path / "s.md"))
+    frame = rows_frame(paths)
+    assert sorted(frame[frame["dataset"] == "chat_overlap"]["dtype_requested"]) == ["auto", "float32"]
+    head = (tmp_path / "s.md").read_text()
+    assert "2.00x" in head and "1.50x" in head and "1.40x" not in head   # the overlap cell: the auto row
 
 
 def test_drift_between_two_runs(tmp_path):

@@ -118,6 +118,28 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
         + ["vllm_specdec-ngram-k5", "vllm_specdec-suffix-d8"])
 
 
+def test_the_default_is_sized_per_host_class(tmp_path):
+    """config `sizing`: planned for a float32 host (no native bf16 matmuls), the default trains on
+    half the records with half the steps and times half the prompts; for a bf16 host it runs as
+    written. The report's tables say which."""
+    wd = copy_workflow(tmp_path)
+
+    def plan(cls):
+        return smk(wd, "-n", "-p", "--cores", "1", "--config", f"sizing={{host: {cls}}}", "--",
+                   "results/tables.md").stdout
+
+    def heldout_limit(out):
+        job = out.split("output: results/torch/auto/chat_heldout.jsonl", 1)[1].split("rule ", 1)[0]
+        return int(re.search(r"--limit (\d+)", job).group(1))
+
+    bf16, fp32 = plan("bfloat16"), plan("float32")
+    assert "--train-prompts 2000" in bf16 and "--train-prompts 1000" in fp32
+    assert heldout_limit(bf16) == 32 and heldout_limit(fp32) == 16
+    assert '"steps": 300' in bf16 and '"steps": 150' in fp32 and '"steps": 300' not in fp32
+    assert "--sizing 'the config as written (host class bfloat16" in bf16
+    assert "--sizing 'host class float32: config sizing.float32 replaces" in fp32
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     """The smoke DAG on two cores: data jobs may run side by side, a benchmark never does."""

@@ -251,7 +251,7 @@ def cmd_generate(a):
 def cmd_report(a):
     from .report.tables import write_report
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.checkpoints,
-                 out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html)
+                 out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html, sizing=a.sizing)
 
 
 def cmd_learning_curve(a):
@@ -422,6 +422,7 @@ def _report_verbs(sub) -> None:
     s.add_argument("--plots-dir", required=True)
     s.add_argument("--readme-section", required=True)
     s.add_argument("--checkpoints", nargs="*", default=[], help="trained proposers' checkpoint directories")
+    s.add_argument("--sizing", help="the DAG's size for this host class (config `sizing`), one line for the tables")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("learning-curve", help="one proposer's held-out accuracy against training-set size")

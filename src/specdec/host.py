@@ -14,6 +14,7 @@ Every summary and checkpoint records `capability()` and the choice with its reas
 """
 from __future__ import annotations
 
+import copy
 import platform
 
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")   # /proc/cpuinfo flags of native bf16 matmuls
@@ -75,3 +76,15 @@ def dtype_record(requested: str, device: str = "cpu") -> dict:
         used, why = speed_dtype(device)
         return {"dtype_requested": "auto", "dtype": used, "dtype_reason": why}
     return {"dtype_requested": requested, "dtype": requested, "dtype_reason": "set in the config"}
+
+
+def sizing(config: dict) -> tuple[str, dict]:
+    """(host class, overrides): the config's `sizing` section read for the machine that plans the
+    DAG. `sizing.host` names the class (bfloat16 or float32); `auto` takes this machine's speed
+    dtype for `device`. The overrides are `sizing.<class>` (a partial config merged over the rest;
+    empty where the config sizes nothing for that class)."""
+    spec = config.get("sizing") or {}
+    cls = spec.get("host", "auto")
+    if cls == "auto":
+        cls = speed_dtype(config.get("device", "cpu"))[0]
+    return cls, copy.deepcopy(spec.get(cls) or {})

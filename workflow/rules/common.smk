@@ -38,6 +38,19 @@ def _learning_curve():
 LEARNING_CURVE = _learning_curve()
 
 
+def sizing_note():
+    """The tables' line on the DAG's size: which host class planned it, and how many of the
+    config's values its sizing for that class replaced (SIZED_FOR, SIZING: the Snakefile)."""
+    if not SIZING:
+        return f"the config as written (host class {SIZED_FOR}; no sizing.{SIZED_FOR} in the config)"
+
+    def leaves(d):
+        return sum(leaves(v) if isinstance(v, dict) else 1 for v in d.values())
+
+    return (f"host class {SIZED_FOR}: config sizing.{SIZED_FOR} replaces {leaves(SIZING)} of its "
+            f"values ({', '.join(SIZING)})")
+
+
 def learning_curve_checkpoints(wildcards):
     if not LEARNING_CURVE:
         raise WorkflowError("config: results/learning_curve.md needs train.learning_curve "

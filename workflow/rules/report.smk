@@ -25,6 +25,7 @@ rule report:
                     labels={"table": "every row", "backend": "all", "dataset": "all"}),
     params:
         configs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.checkpoints),
+        sizing=sizing_note(),
     threads: rule_threads("report")
     resources:
         **rule_resources("report"),
@@ -37,7 +38,7 @@ rule report:
     shell:
         "python -m specdec report --summaries {input.summaries} --out-tables {output.tables} --out-rows {output.rows}"
         " --out-csv {output.csv} --out-html {output.html}"
-        " --checkpoints {params.configs}"
+        " --checkpoints {params.configs} --sizing {params.sizing:q}"
         " --plots-dir results/plots --readme-section {output.section} > {log} 2>&1"
 
 

@@ -10,10 +10,10 @@ START, END = "<!-- drift:start -->", "<!-- drift:end -->"
 
 
 def drift_frame(first_paths, second_paths) -> pd.DataFrame:
-    cols = KEY + ["label", "dtype_requested", "speedup", "ci_low", "ci_high", "tau", "matches_baseline"]
+    cols = KEY + ["label", "speedup", "ci_low", "ci_high", "tau", "matches_baseline"]
     a, b = (rows_frame(p) for p in (first_paths, second_paths))
     a, b = (f[f["speedup"].notna()][[c for c in cols if c in f]] for f in (a, b))
-    both = a.merge(b, on=KEY + ["label", "dtype_requested"], suffixes=("_1", "_2"), validate="one_to_one")
+    both = a.merge(b, on=KEY + ["label"], suffixes=("_1", "_2"), validate="one_to_one")
     both["drift"] = both["speedup_2"] / both["speedup_1"] - 1
     return both.sort_values(KEY).reset_index(drop=True)
 
