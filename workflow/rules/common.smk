@@ -8,8 +8,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 SRC = Path(workflow.basedir) / "src" / "specdec"
-sys.path.insert(0, str(SRC.parent))  # the method registry, read at parse time
-from specdec import methods as registry  # noqa: E402
+from specdec import methods as registry  # noqa: E402  (src/ is on sys.path: the Snakefile)
 
 registry.check_config(config)  # every variant's parameters and checkpoint's settings, before any job
 
