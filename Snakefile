@@ -4,6 +4,7 @@
 import sys
 from pathlib import Path
 
+from snakemake.common.configfile import load_configfile
 from snakemake.utils import min_version, update_config, validate
 
 min_version("8.0")
@@ -17,12 +18,15 @@ if not workflow.overwrite_configfiles:
 
 # The default's size on this host class (config `sizing`): on a CPU without native bf16 matmuls,
 # where every forward runs in fp32 at about half the speed, sizing.float32 replaces the keys it
-# names. The merged config is what the schema checks and the jobs read.
+# names in the first config file. What is layered on top of that file (a later --configfile, then
+# --config) still wins, so those layers are merged again after the sizing. The merged config is
+# what the schema checks and the jobs read.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from specdec.host import sizing  # noqa: E402
 
 SIZED_FOR, SIZING = sizing(config)
-update_config(config, SIZING)
+for layer in [SIZING, *map(load_configfile, workflow.overwrite_configfiles[1:]), workflow.config_settings.config]:
+    update_config(config, layer)
 
 
 envvars:

@@ -146,6 +146,20 @@ def test_auto_and_float32_rows_stay_apart_where_auto_is_float32(tmp_path):
     assert "2.00x" in head and "1.50x" in head and "1.40x" not in head   # the overlap cell: the auto row
 
 
+def test_the_overlap_probe_is_read_in_the_held_out_dtype(tmp_path):
+    """The headline's train-overlap cell: the chat_overlap row in the held-out rows' dtype. On a
+    float32 host the float32 job alone serves it; on a bf16 host the fp32 lossless job never does."""
+    def overlap_cell(held_dtype):
+        paths = write(tmp_path / held_dtype, [
+            summary("ngram/k5", held_dtype, 2.0, dataset="chat_heldout", requested="auto"),
+            summary("ngram/k5", speedup=1.4, dataset="chat_overlap")])
+        write_report(paths, str(tmp_path / "t.md"), str(tmp_path / "p"), str(tmp_path / "s.md"))
+        return (tmp_path / "s.md").read_text().split("| ngram/k5", 1)[1].split("|")[4].strip()
+
+    assert overlap_cell("float32") == "1.40x [1.26, 1.54]"
+    assert overlap_cell("bfloat16") == "-"
+
+
 def test_drift_between_two_runs(tmp_path):
     first = write(tmp_path, [summary("ngram/k5", "float32", 2.0, dataset="chat_heldout", requested="auto"),
                              summary("pard/len3", "float32", 1.5, dataset="chat_heldout", requested="auto")], "a")

@@ -138,6 +138,13 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     assert '"steps": 300' in bf16 and '"steps": 150' in fp32 and '"steps": 300' not in fp32
     assert "--sizing 'the config as written (host class bfloat16" in bf16
     assert "--sizing 'host class float32: config sizing.float32 replaces" in fp32
+    # what is layered on the config file (a later --configfile, --config) beats the sizing
+    (wd / "more.yaml").write_text("data: {chat: {train_prompts: 1500}}\n")
+    layered = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "more.yaml",
+                  "--config", "sizing={host: float32}", "--", "results/tables.md").stdout
+    assert "--train-prompts 1500" in layered and '"steps": 150' in layered
+    replaced = re.compile(r"sizing.float32 replaces (\d+) of its values")
+    assert int(replaced.search(layered).group(1)) == int(replaced.search(fp32).group(1)) - 1
 
 
 @pytest.fixture(scope="module")

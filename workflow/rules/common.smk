@@ -39,14 +39,17 @@ LEARNING_CURVE = _learning_curve()
 
 def sizing_note():
     """The tables' line on the DAG's size: which host class planned it, and how many of the
-    config's values its sizing for that class replaced (SIZED_FOR, SIZING: the Snakefile)."""
+    config's values its sizing for that class replaced (SIZED_FOR, SIZING: the Snakefile; a value
+    that a later --configfile or --config set again does not count)."""
     if not SIZING:
         return f"the config as written (host class {SIZED_FOR}; no sizing.{SIZED_FOR} in the config)"
 
-    def leaves(d):
-        return sum(leaves(v) if isinstance(v, dict) else 1 for v in d.values())
+    def kept(sized, merged):
+        if not isinstance(sized, dict):
+            return int(sized == merged)
+        return sum(kept(v, merged.get(k) if isinstance(merged, dict) else None) for k, v in sized.items())
 
-    return (f"host class {SIZED_FOR}: config sizing.{SIZED_FOR} replaces {leaves(SIZING)} of its "
+    return (f"host class {SIZED_FOR}: config sizing.{SIZED_FOR} replaces {kept(SIZING, config)} of its "
             f"values ({', '.join(SIZING)})")
 
 

@@ -155,7 +155,10 @@ def headline(frame: pd.DataFrame) -> str:
     # vLLM's own implementation of the method, greedy, on the held-out set
     vllm_held = frame[(frame["backend"] == "vllm") & (frame["dataset"] == HEADLINE["dataset"])
                       & (frame["proposer"] == "vllm")]
-    over = torch_rows[(torch_rows["dataset"] == "chat_overlap") & (torch_rows["dtype_requested"] == "auto")]
+    # the train-overlap probe in the held-out rows' dtype; where two jobs ran in it (a float32
+    # host, where auto is float32), the auto job's
+    over = torch_rows[(torch_rows["dataset"] == "chat_overlap") & torch_rows["dtype"].isin(held["dtype"])]
+    over = over.sort_values("dtype_requested", key=lambda s: s.ne("auto"), kind="stable")
     fp32 = torch_rows[(torch_rows["dtype"] == "float32") & (torch_rows["temperature"] == 0)]
     # the same held-out prompts sampled at T > 0, in the speed dtype
     sampled = torch_rows[(torch_rows["temperature"] > 0) & (torch_rows["dtype_requested"] == "auto")]
