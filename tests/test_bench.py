@@ -102,6 +102,24 @@ def test_unknown_method_and_bad_arms_are_errors(tiny_ckpt, tmp_path):
     assert not (tmp_path / "r.jsonl").exists()
 
 
+def test_a_job_planned_for_fp32_auto_stops_where_auto_is_bf16(tiny_ckpt, tmp_path, monkeypatch):
+    """A job that runs its float32 arms (the lossless checks) in auto, planned for a host where
+    auto is float32, stops on a bf16-native one rather than check in bf16; it runs where auto is float32."""
+    from specdec import host
+    write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "", "prompt_ids": [5, 6]}])
+    common = dict(target_dir=str(tiny_ckpt), prompts_path=str(tmp_path / "p.jsonl"), dataset="wiki",
+                  max_new_tokens=4, out_records=str(tmp_path / "r.jsonl"), out_summary=str(tmp_path / "s.json"),
+                  arms=[{"method": "ngram", "variant": "k5", "params": {}}], dtype="auto", require_dtype="float32",
+                  warmup=0, resamples=10)
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    with pytest.raises(ValueError, match="runs its float32 arms in dtype auto.*here it is bfloat16.*sizing.host"):
+        bench_torch(**common)
+    assert not (tmp_path / "r.jsonl").exists()
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx2", "fma"})
+    out = bench_torch(**common)
+    assert out["dtype"] == "float32" and out["rows"][0]["settings"]["dtype_requested"] == "auto"
+
+
 ARMS = json.dumps([{"method": "ngram", "variant": "k5", "params": {}}])
 
 

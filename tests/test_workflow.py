@@ -118,6 +118,18 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
         + ["vllm_specdec-ngram-k5", "vllm_specdec-suffix-d8"])
 
 
+def test_a_variant_that_runs_in_no_job_is_a_config_error(tmp_path):
+    """A variant whose data sets and dtypes meet in no job (here the sweeps' train-overlap rows,
+    which run in auto, with that set narrowed to float32) stops the plan, naming it."""
+    wd = copy_workflow(tmp_path)
+    (wd / "narrow.yaml").write_text("bench: {datasets: {chat_overlap: {dtypes: [float32]}}}\n")
+    proc = smk(wd, "-n", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml", "narrow.yaml",
+               "--config", "sizing={host: bfloat16}", "--", "results/tables.md", check=False)
+    assert proc.returncode != 0
+    assert re.search(r"config: methods\.hf_generate\.variants\.greedy runs in no job: it is configured on data "
+                     r"sets \['chat_overlap'\] in dtypes \['auto'\]", proc.stderr + proc.stdout)
+
+
 def test_the_default_is_sized_per_host_class(tmp_path):
     """config `sizing`: planned for a float32 host (no native bf16 matmuls), the default trains on
     half the records with half the steps and times half the prompts; for a bf16 host it runs as
@@ -138,6 +150,18 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     assert '"steps": 300' in bf16 and '"steps": 150' in fp32 and '"steps": 300' not in fp32
     assert "--sizing 'the config as written (host class bfloat16" in bf16
     assert "--sizing 'host class float32: config sizing.float32 replaces" in fp32
+    # where auto is float32, a set timed in both dtypes runs one job: the train-overlap set's
+    # float32 arms (the lossless checks, hf_generate's, EAGLE-3's chain) join its auto job, which
+    # stops where auto is not float32
+    jobs = re.compile(r"output: results/torch/(\S+?)\.jsonl")
+    assert sorted(jobs.findall(bf16)) == ["auto/chat_heldout", "auto/chat_heldout_t07", "auto/chat_overlap",
+                                          "auto/wiki", "float32/chat_overlap"]
+    assert sorted(jobs.findall(fp32)) == ["auto/chat_heldout", "auto/chat_heldout_t07", "auto/chat_overlap",
+                                          "auto/wiki"]
+    overlap = fp32.split("output: results/torch/auto/chat_overlap.jsonl", 1)[1].split("rule ", 1)[0]
+    assert '"variant": "ttt3_chain2"' in overlap and '"method": "hf_generate"' in overlap
+    assert fp32.count("--require-dtype float32") == overlap.count("--require-dtype float32") == 1
+    assert "--require-dtype" not in bf16
     # what is layered on the config file (a later --configfile, --config) beats the sizing
     (wd / "more.yaml").write_text("data: {chat: {train_prompts: 1500}}\n")
     layered = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "more.yaml",

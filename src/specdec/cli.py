@@ -164,7 +164,8 @@ def cmd_bench_torch(a):
     out = bench_torch(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, arms=a.arms,
                       out_records=a.out_records, out_summary=a.out_summary, limit=a.limit,
                       max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype, device=a.device,
-                      threads=a.threads, resamples=a.resamples, sampling=a.sampling)
+                      threads=a.threads, resamples=a.resamples, sampling=a.sampling,
+                      require_dtype=a.require_dtype)
     keys = ("method", "throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline")
     for row in out["rows"]:
         print(json.dumps({k: row.get(k) for k in keys}))
@@ -384,6 +385,8 @@ def _bench_verbs(sub) -> None:
     s.add_argument("--arms", type=_json_list, required=True,
                    help='JSON list of the methods timed: {"method", "variant", "params", "compare_with"}'
                         ' (compare_with: a Hugging Face peer\'s arm of ours, "method/variant", in this job)')
+    s.add_argument("--require-dtype", help="stop unless --dtype resolves to this on this host (a job "
+                   "planned to run arms of that dtype in its auto job)")
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)

@@ -195,8 +195,18 @@ def method_dtypes(method, dataset):
     return spec
 
 
-def torch_arms(dtype, dataset):
-    """(method, variant) of every row our PyTorch loop runs on one data set in one dtype."""
+def job_dtype(dtype, dataset):
+    """The PyTorch job (by its dtype) that runs a data set's arms configured in `dtype`. On a DAG
+    planned for the float32 host class (SIZED_FOR: the Snakefile), auto is float32, so a set
+    timed in both auto and float32 runs its float32 arms in its auto job: one job and one
+    baseline, not two timings of the same dtype. The auto job's settings (prompts, decode length)
+    apply, and it stops where auto turns out not to be float32 (merged_args)."""
+    merge = dtype == "float32" and SIZED_FOR == "float32" and "auto" in dataset_dtypes(dataset)
+    return "auto" if merge else dtype
+
+
+def configured_arms(dtype, dataset):
+    """(method, variant) of every row the config asks of our PyTorch loop on one data set in one dtype."""
     if dtype not in dataset_dtypes(dataset):
         return []
     arms = []
@@ -204,6 +214,21 @@ def torch_arms(dtype, dataset):
         if dataset in spec["datasets"] and dtype in method_dtypes(method, dataset):
             arms += [(method, v) for v in spec["variants"] if variant_runs(method, v, dataset, dtype)]
     return arms
+
+
+def torch_arms(job, dataset):
+    """(method, variant) of every row the PyTorch job of dtype `job` runs on one data set: the
+    arms configured in each dtype whose job_dtype it is (one configured in both runs once)."""
+    return list(dict.fromkeys(a for dtype in dataset_dtypes(dataset) if job_dtype(dtype, dataset) == job
+                              for a in configured_arms(dtype, dataset)))
+
+
+def merged_args(wildcards):
+    """--require-dtype float32 for an auto job that also runs float32 arms (job_dtype): on a host
+    where auto is not float32 it stops, rather than run the lossless checks in bf16."""
+    merged = (wildcards.dtype == "auto" and job_dtype("float32", wildcards.dataset) == "auto"
+              and configured_arms("float32", wildcards.dataset))
+    return "--require-dtype float32" if merged else ""
 
 
 def torch_summaries(root="results"):
@@ -321,6 +346,27 @@ def vllm_jobs():
 
 
 VLLM_JOBS = vllm_jobs()
+
+
+def check_every_variant_runs():
+    """Every method variant in the config runs in some job, PyTorch or vLLM. A variant whose data
+    sets and dtypes (its own, its method's, its sets') meet in no job, as a sizing or an overlay
+    can leave one, is a config error rather than a row missing from the tables."""
+    jobs = {f"{dtype}/{d}": torch_arms(dtype, d) for dtype in config["bench"]["dtypes"] for d in config["bench"]["datasets"]}
+    runs = {a for arms in jobs.values() for a in arms} | {(m, v) for arms in VLLM_JOBS.values() for (_, m, v), _ in arms}
+    for method, spec in config["methods"].items():
+        for variant, v in spec["variants"].items():
+            if (method, variant) not in runs:
+                sets = [d for d in spec["datasets"] if variant_runs(method, variant, d)]
+                dtypes = sorted({t for d in sets for t in method_dtypes(method, d) if variant_runs(method, variant, d, t)})
+                raise WorkflowError(
+                    f"config: methods.{method}.variants.{variant} runs in no job: it is configured on data "
+                    f"sets {sets} in dtypes {dtypes}; "
+                    f"the PyTorch jobs (dtype/data set) are {', '.join(j for j, arms in jobs.items() if arms)}, "
+                    "and vLLM runs no arm of it (vllm.datasets). Narrow it to one of those, or drop it")
+
+
+check_every_variant_runs()
 
 
 def vllm_rows(job):

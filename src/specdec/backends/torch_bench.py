@@ -83,17 +83,23 @@ def _record(p: dict, r, dataset: str, label: str) -> dict:
 def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[dict], out_records: str,
                 out_summary: str, limit: int | None = None, max_new_tokens: int = 64, warmup: int = 1,
                 dtype: str = "auto", device: str = "cpu", threads: int = 0, resamples: int = 10000,
-                sampling: dict | None = None) -> dict:
+                sampling: dict | None = None, require_dtype: str | None = None) -> dict:
     """Benchmark every arm ({"method", "variant", "params", "compare_with"}) against one greedy
     baseline arm, all timed in this process on the same prompts, in a rotating order. Returns and
     writes {"dataset", "rows": [one summary per arm]}. A Hugging Face peer's row also compares it
     with the arm of ours named by its compare_with (`same_run`). `dtype` "auto" is the host's
     speed dtype (specdec.host). `sampling` (core.sampling.Sampling fields): greedy when absent or
-    at temperature 0. Records of every arm go to `out_records`."""
+    at temperature 0. Records of every arm go to `out_records`. `require_dtype`: stop unless
+    `dtype` resolves to it here (a job planned to run that dtype's arms, the lossless checks, in
+    its auto job)."""
     check_arms(arms)
     set_threads(threads)
     sampled = Sampling(**(sampling or {}))
     dt = dtype_record(dtype, device)
+    if require_dtype is not None and dt["dtype"] != require_dtype:
+        raise ValueError(f"{dataset}: this job runs its {require_dtype} arms in dtype {dtype}, planned for a host "
+                         f"where {dtype} is {require_dtype}; here it is {dt['dtype']} ({dt['dtype_reason']}). "
+                         "Plan the DAG on this host class (config sizing.host: auto, or its class)")
     prompts = read_prompts(prompts_path, limit)
     model = load_causal_lm(target_dir, dt["dtype"], device)
     tokenizer = load_tokenizer(target_dir)

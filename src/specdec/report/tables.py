@@ -156,7 +156,7 @@ def headline(frame: pd.DataFrame) -> str:
     vllm_held = frame[(frame["backend"] == "vllm") & (frame["dataset"] == HEADLINE["dataset"])
                       & (frame["proposer"] == "vllm")]
     # the train-overlap probe in the held-out rows' dtype; where two jobs ran in it (a float32
-    # host, where auto is float32), the auto job's
+    # host planned as a bf16 one, as the smoke config is), the auto job's
     over = torch_rows[(torch_rows["dataset"] == "chat_overlap") & torch_rows["dtype"].isin(held["dtype"])]
     over = over.sort_values("dtype_requested", key=lambda s: s.ne("auto"), kind="stable")
     fp32 = torch_rows[(torch_rows["dtype"] == "float32") & (torch_rows["temperature"] == 0)]
