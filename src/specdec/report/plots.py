@@ -11,12 +11,12 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .tables import dataset_order
+from .tables import dataset_order, dtype_name
 
 
 def _label(r) -> str:
     where = f"vLLM {r['mode']}" if r["backend"] == "vllm" else "torch"
-    return f"{r['label']} ({where}, {r['dtype']})"
+    return f"{r['label']} ({where}, {dtype_name(r)})"
 
 
 def _datasets(frame: pd.DataFrame) -> list[str]:
@@ -41,7 +41,9 @@ def _bars(frame: pd.DataFrame, key: str, title: str, ylabel: str, path: Path, er
         if errors and len(rows):
             value, low, high = (rows[c].astype(float) for c in (key, "ci_low", "ci_high"))
             yerr = [(value - low).fillna(0).clip(lower=0).to_numpy(), (high - value).fillna(0).clip(lower=0).to_numpy()]
-        colors = ["tab:orange" if d == "float32" else "tab:blue" for d in rows["dtype"]]
+        # the speed dtype (auto) against a dtype the config names (the fp32 lossless checks): on
+        # a host whose speed dtype is float32 both are fp32, and only the request tells them apart
+        colors = ["tab:blue" if d == "auto" else "tab:orange" for d in rows["dtype_requested"]]
         ax.bar(x, rows[key].astype(float), yerr=yerr, capsize=3, color=colors)
         ax.set_xticks(list(x), list(rows["_l"]), rotation=60, ha="right", fontsize=7)
         if line is not None:
@@ -60,9 +62,9 @@ def plot_all(frame: pd.DataFrame, out_dir: str) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     ok = frame[frame["error"].isna()] if "error" in frame else frame
     paths = [
-        _bars(ok, "speedup", "Paired speedup over the greedy baseline, with 95% intervals "
-              "(blue: speed dtype, orange: fp32 lossless checks)", "speedup (x)", out / "speedup.png",
-              errors=True, line=1.0),
+        _bars(ok, "speedup", "Paired speedup over the greedy baseline, with 95% intervals (blue: the "
+              "speed dtype, orange: a dtype set in the config, the fp32 lossless checks)", "speedup (x)",
+              out / "speedup.png", errors=True, line=1.0),
         _bars(ok, "throughput_tok_s", "Throughput", "tokens / s", out / "throughput.png"),
     ]
     datasets = _datasets(ok) or ["none"]

@@ -16,8 +16,9 @@ import pandas as pd
 
 from ..data.records import atomic_path, read_json
 
-# dtype_requested too: on a host whose speed dtype is float32, a job of `auto` (the speed rows) and
-# one of `float32` (the lossless checks) time the same methods in the same dtype
+# dtype_requested too: on a host whose speed dtype is float32 but planned as a bf16-native one (as
+# the smoke config is), a job of `auto` (the speed rows) and one of `float32` (the lossless checks)
+# time the same methods in the same dtype
 KEY = ["backend", "mode", "dataset", "dtype", "dtype_requested", "method", "variant", "proposer"]
 # a headline row: our loop, the speed dtype, prompts no drafter trained on
 HEADLINE = {"backend": "torch", "dataset": "chat_heldout", "dtype_requested": "auto"}
