@@ -49,9 +49,9 @@ def world(tmp_path_factory):
     return out
 
 
-def train_checkpoint(method, world, out_dir):
+def train_checkpoint(method, world, out_dir, settings=None):
     return methods.train_checkpoint(method, str(world["hidden"]), str(world["target_dir"]), str(out_dir),
-                                    methods.module(method).EXAMPLE["train"], overlap=4)
+                                    settings or methods.module(method).EXAMPLE["train"], overlap=4)
 
 
 def example_params(method, world, key="params") -> dict:
@@ -200,8 +200,12 @@ def test_interrupted_training_resumes_to_the_same_weights(method, world, tmp_pat
     def counting(module, loss_fn, *a, **kw):
         return real_train(module, lambda m, step: (seen.append(step), loss_fn(m, step))[1], *a, **kw)
 
+    # resumed with another log and eval schedule: how often the loop logs and evaluates is not
+    # what it trains, so the run continues (and an evaluation mid-run leaves the weights alone)
+    rescheduled = json.loads(json.dumps(settings))
+    rescheduled["train"].update(log_every=1, eval_every=steps - 1)
     monkeypatch.setattr(loop, "train", counting)
-    train_checkpoint(method, world, tmp_path)
+    train_checkpoint(method, world, tmp_path, rescheduled)
     assert seen[0] == save_every and seen[-1] == steps - 1
     assert not (tmp_path / "resume.pt").exists()
     a = load_file(tmp_path / "model.safetensors")

@@ -145,7 +145,7 @@ def train_checkpoint(method, *, hidden_path: str, target_dir: str, out_dir: str,
     def loss_fn(module, step):
         return trainee.loss(module, batch_indices(step, tcfg.batch_size, trainee.examples, tcfg.seed), step)
 
-    run_id = loop.fingerprint(asdict(tcfg), trainee.settings, hs.meta, trainee.examples)
+    run_id = loop.fingerprint(loop.run_settings(tcfg), trainee.settings, hs.meta, trainee.examples)
     print(f"{method.NAME}: {trainee.describe}; {trainee.examples} examples, {tcfg.steps} steps of {tcfg.batch_size}")
     log = loop.train(trainee.module, loss_fn, tcfg, out_dir, run_id, desc=method.NAME, evaluate=trainee.evaluate)
     with torch.no_grad():

@@ -39,6 +39,15 @@ class TrainConfig:
     dtype: str = "float32"    # parameter/compute dtype; "auto": the driver times the candidates (driver.choose_dtype)
 
 
+# how often the loop saves, logs and evaluates: not what it trains, so a resume may change them
+SCHEDULE_KEYS = ("save_every", "log_every", "eval_every")
+
+
+def run_settings(cfg: TrainConfig) -> dict:
+    """The fields of `cfg` that decide the trained weights: the run's part of its fingerprint."""
+    return {k: v for k, v in asdict(cfg).items() if k not in SCHEDULE_KEYS}
+
+
 def fingerprint(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
