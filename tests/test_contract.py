@@ -208,6 +208,11 @@ def test_interrupted_training_resumes_to_the_same_weights(method, world, tmp_pat
     train_checkpoint(method, world, tmp_path, rescheduled)
     assert seen[0] == save_every and seen[-1] == steps - 1
     assert not (tmp_path / "resume.pt").exists()
+    # the evaluation mid-run is in the saved training log, with the held-out proxy
+    record = json.loads(((tmp_path / "specdec.json") if (tmp_path / "specdec.json").is_file()
+                         else (tmp_path / "config.json")).read_text())
+    evals = [r for r in record["train_log"] if "eval" in r]
+    assert [r["step"] for r in evals] == [steps - 1] and evals[0]["eval"].keys() >= {"overlap", "heldout"}
     a = load_file(tmp_path / "model.safetensors")
     b = load_file(world["checkpoints"][method] / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

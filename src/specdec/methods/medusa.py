@@ -171,23 +171,23 @@ def setup(target, data, settings: dict, tcfg, device: str):
         value, accs = medusa_loss(module(x[idx]).float(), y[idx], mcfg.loss_decay)
         return value, {f"acc_head{k + 1}": acc for k, acc in enumerate(accs)}
 
-    splits = data.eval_splits() | ({"train": data.train} if mcfg.calibration == "train" else {})
-    rank_acc = {}
-
+    evals = {name: examples(seqs) for name, seqs in data.eval_splits().items()}
     cal = calibration_sample(len(x), mcfg.calibration_positions)
+    rank_acc = {}   # split -> per-head, per-rank accuracy; the calibration split's shapes the tree
 
-    def evaluate(module):   # per-rank accuracy; the calibration split's shapes the tree
-        for name, seqs in splits.items():
-            ex, ey = (x[cal], y[cal]) if name == "train" else examples(seqs)
+    def evaluate(module):   # the eval proxy (during training and at the end): the eval splits only
+        for name, (ex, ey) in evals.items():
             rank_acc[name] = rank_accuracy(module, ex, ey, mcfg.max_rank)
-        return {name: {"top1_accuracy_per_head": [r[0] for r in acc],
-                       "top5_accuracy_per_head": [sum(r[:5]) for r in acc]} for name, acc in rank_acc.items()}
+        return {name: {"top1_accuracy_per_head": [r[0] for r in rank_acc[name]],
+                       "top5_accuracy_per_head": [sum(r[:5]) for r in rank_acc[name]]} for name in evals}
 
     vocab_info = None if vocab is None else {
         "size": len(vocab), "train_label_coverage": coverage(data.train, vocab, V),
         "heldout_label_coverage": coverage(data.heldout, vocab, V)}
 
     def save(out_dir, train_config, log, eval_proxy):
+        if mcfg.calibration == "train":   # once, on the trained heads: a sample of train positions
+            rank_acc["train"] = rank_accuracy(heads, x[cal], y[cal], mcfg.max_rank)
         state = {k: v if k == "draft_vocab" else v.float() for k, v in heads.state_dict().items()}
         save_trained(out_dir, NAME, asdict(mcfg), state, target.config, train_config, log, eval_proxy,
                      extra={"rank_accuracy": rank_acc, "calibration": mcfg.calibration, "draft_vocab": vocab_info})
