@@ -16,7 +16,7 @@ from specdec import methods
 from specdec.core.loop import decode
 from specdec.core.target import TargetModel
 from specdec.train import loop
-from specdec.train.checkpoint import CheckpointMismatch
+from specdec.train.checkpoint import CheckpointMismatch, checkpoint_record
 from specdec.train.driver import reevaluate
 
 LEARNED = [m for m in methods.names() if methods.is_learned(m)]
@@ -172,8 +172,7 @@ def test_checkpoint_reproduces_its_eval_proxy(method, world):
     again = reevaluate(methods.module(method), str(ckpt), hidden_path=str(world["hidden"]),
                        target_dir=str(world["target_dir"]), settings=methods.module(method).EXAMPLE["train"],
                        overlap=4)
-    recorded = json.loads(((ckpt / "specdec.json") if (ckpt / "specdec.json").is_file()
-                           else (ckpt / "config.json")).read_text())["eval_proxy"]
+    recorded = checkpoint_record(str(ckpt))[1]["eval_proxy"]
     assert again == recorded
 
 
@@ -209,9 +208,7 @@ def test_interrupted_training_resumes_to_the_same_weights(method, world, tmp_pat
     assert seen[0] == save_every and seen[-1] == steps - 1
     assert not (tmp_path / "resume.pt").exists()
     # the evaluation mid-run is in the saved training log, with the held-out proxy
-    record = json.loads(((tmp_path / "specdec.json") if (tmp_path / "specdec.json").is_file()
-                         else (tmp_path / "config.json")).read_text())
-    evals = [r for r in record["train_log"] if "eval" in r]
+    evals = [r for r in checkpoint_record(str(tmp_path))[1]["train_log"] if "eval" in r]
     assert [r["step"] for r in evals] == [steps - 1] and evals[0]["eval"].keys() >= {"overlap", "heldout"}
     a = load_file(tmp_path / "model.safetensors")
     b = load_file(world["checkpoints"][method] / "model.safetensors")
