@@ -18,6 +18,7 @@ from specdec.core.target import TargetModel
 from specdec.train import loop
 from specdec.train.checkpoint import CheckpointMismatch, checkpoint_record
 from specdec.train.driver import reevaluate
+from specdec.train.hidden import HiddenStates
 
 LEARNED = [m for m in methods.names() if methods.is_learned(m)]
 NEW_TOKENS = 20
@@ -31,12 +32,24 @@ def free_token_zero(model):
     return model
 
 
+def random_final_norm(model, seed=0):
+    """The final RMSNorm's weights drawn from U(-2, 3), as a trained target's are (SmolLM2's run
+    from -2.1 to 3.3): with weights of 1 the norm barely changes a state's direction, so a feature
+    read on the wrong side of it would go unnoticed."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = model.model.norm.weight
+        w.copy_(torch.rand(w.shape, generator=gen) * 5 - 2)
+    assert (w < 0).any()
+    return model
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """A tiny target, its distillation set and hidden states, and every learned method's EXAMPLE
-    checkpoint trained on them (fp32)."""
+    """A tiny target (final-norm weights random, some negative), its distillation set and hidden states,
+    and every learned method's EXAMPLE checkpoint trained on them (fp32)."""
     torch.set_num_threads(1)
-    model = free_token_zero(tiny_llama())
+    model = random_final_norm(free_token_zero(tiny_llama()))
     taps = sorted({t for m in LEARNED
                    for t in methods.module(m).hidden_taps(model.config, methods.module(m).EXAMPLE["train"])})
     out = distillation_set(model, tmp_path_factory.mktemp("contract"), taps or [model.config.num_hidden_layers])
@@ -71,6 +84,33 @@ def make_proposer(method, world):
     """(target, proposer): a proposer decodes through the target it was built on."""
     target = TargetModel(world["model"])
     return target, methods.build_proposer(method, example_params(method, world), target)
+
+
+@pytest.mark.parametrize("method", LEARNED)
+def test_decoding_features_equal_the_training_features(method, world):
+    """One feature space: the hidden states a proposer is handed while decoding (start() and every
+    observe()) equal the training cache's taps for the same tokens, tap by tap."""
+    m = methods.module(method)
+    trained_on = m.hidden_taps(world["model"].config, m.EXAMPLE["train"])
+    target, prop = make_proposer(method, world)
+    assert sorted(prop.tap_layers) == sorted(trained_on)
+    if not trained_on:
+        return   # reads no target state (a standalone draft LM): nothing to compare
+    cached = HiddenStates(str(world["hidden"])).split("heldout", trained_on)
+    received = []
+    start, observe = prop.start, prop.observe
+    prop.start = lambda ids, hidden, sampler=None: (received.append(hidden), start(ids, hidden, sampler))[1]
+    prop.observe = lambda step: (received.append(step.hidden), observe(step))[1]
+    compared = 0
+    for rec, seq in zip(world["records"][:4], cached):
+        received.clear()
+        out = run(target, rec["prompt_ids"], prop).output_ids
+        assert seq.ids.tolist()[:len(rec["prompt_ids"]) + len(out)] == rec["prompt_ids"] + out  # same tokens
+        for layer in trained_on:
+            got = torch.cat([h[layer] for h in received])   # positions 0 .. len(ids) - 2, in order
+            assert torch.allclose(got, seq.taps[layer][:len(got)], atol=1e-4, rtol=1e-4), (method, layer)
+            compared += len(got)
+    assert compared > 0
 
 
 @pytest.mark.parametrize("method", methods.names())

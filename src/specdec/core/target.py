@@ -10,9 +10,15 @@ Wraps a transformers causal LM (Llama, Qwen2, ... no forked modeling code) and i
 - truncate(length)               -> forget committed tokens after the first `length` (a draft LM
                                     that wraps its own model in this class rolls back rejected drafts)
 
-Hidden taps: layer i means transformers' output_hidden_states[i] (0 = embeddings, i = output of
-decoder layer i-1), the convention vLLM's EAGLE-3 `eagle_aux_hidden_state_layer_ids` uses. They
-are captured with forward hooks, so no modeling file is touched.
+Hidden taps, the one feature space of every learned proposer (`tap_module`): tap i is the
+residual stream after i decoder layers, i.e. the output of the embeddings (i = 0) or of decoder
+layer i-1. Below the last layer this is transformers' output_hidden_states[i], the convention of
+vLLM's EAGLE-3 `eagle_aux_hidden_state_layer_ids`. Tap num_layers is the last layer's output
+*before* the final norm (transformers' last hidden_states entry is after it): the state vLLM's
+MiMo target hands its MTP layer (vllm/model_executor/models/mimo.py norms only in compute_logits);
+a proposer that wants the post-norm state (Medusa) applies the target's final norm itself. The
+decoding loop and the training cache (train/hidden.py) both capture taps with forward hooks on
+these modules, so they read the same tensors and no modeling file is touched.
 """
 from __future__ import annotations
 
@@ -66,6 +72,25 @@ class PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
 
 
+def tap_module(model, layer: int) -> torch.nn.Module:
+    """The module whose output is tap `layer` of a transformers causal LM (see the module doc)."""
+    n = model.config.num_hidden_layers
+    if not 0 <= layer <= n:
+        raise ValueError(f"tap layer {layer} out of range 0..{n}")
+    return model.model.embed_tokens if layer == 0 else model.model.layers[layer - 1]
+
+
+def tap_hooks(model, taps, sink: dict, active=lambda layer: True) -> list:
+    """Forward hooks that store tap `layer`'s output, (batch, seq, hidden), in sink[layer]
+    whenever active(layer); returns the handles (call .remove() on each to detach)."""
+    def hook(layer):
+        def store(_module, _inputs, output):
+            if active(layer):
+                sink[layer] = output[0] if isinstance(output, tuple) else output
+        return store
+    return [tap_module(model, layer).register_forward_hook(hook(layer)) for layer in taps]
+
+
 def one_layer_config(config):
     """The target's config cut to one decoder layer: a one-layer drafter block and its cache."""
     cfg = copy.deepcopy(config)
@@ -101,31 +126,21 @@ class TargetModel:
     def num_layers(self) -> int:
         return self.config.num_hidden_layers
 
-    def _module_for_tap(self, layer: int) -> torch.nn.Module:
-        base = self.model.model
-        if not 0 <= layer <= self.num_layers:
-            raise ValueError(f"tap layer {layer} out of range 0..{self.num_layers}")
-        return base.embed_tokens if layer == 0 else base.layers[layer - 1]
-
     def _ensure_hooks(self, layers: tuple[int, ...]) -> None:
-        for layer in layers:
-            if layer in self._hooks:
-                continue
-
-            def hook(_module, _inputs, output, layer=layer):
-                if layer in self._capture:
-                    out = output[0] if isinstance(output, tuple) else output
-                    self._captured[layer] = out[0]  # (seq, hidden), batch 1
-            self._hooks[layer] = self._module_for_tap(layer).register_forward_hook(hook)
+        new = [layer for layer in layers if layer not in self._hooks]
+        for layer, handle in zip(new, tap_hooks(self.model, new, self._captured, lambda t: t in self._capture)):
+            self._hooks[layer] = handle
 
     def _run(self, ids: torch.Tensor, taps: tuple[int, ...], logits_to_keep: int = 0, **kw):
         if taps:
             self._ensure_hooks(taps)
-        self._capture, self._captured = taps, {}
+        self._capture = taps
+        self._captured.clear()
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
                          logits_to_keep=logits_to_keep, **kw)
-        hidden = dict(self._captured) if taps else None
-        self._capture, self._captured = (), {}
+        hidden = {layer: h[0] for layer, h in self._captured.items()} if taps else None  # (seq, hidden), batch 1
+        self._capture = ()
+        self._captured.clear()
         return out.logits[0], hidden
 
     # ---- decoding ------------------------------------------------------------------------------

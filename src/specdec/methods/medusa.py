@@ -1,4 +1,6 @@
-"""Medusa-1: K future-token heads on the frozen target's last (post-norm) hidden state.
+"""Medusa-1: K future-token heads on the frozen target's last (post-norm) hidden state: the
+target's final norm applied to tap num_layers (core.target: the taps are before that norm), in
+training and decoding alike, which is the state vLLM's Llama/Qwen2 target hands its Medusa heads.
 
 Head k (1..K) reads h_t, the state from which the target predicts token t+1, and predicts token
 t+1+k:   logits_k = W_k (h_t + SiLU(A_k h_t + b_k)),   W_k initialised from the target's lm_head,
@@ -140,7 +142,7 @@ TRAIN_SETTINGS = {"medusa": MedusaTrainConfig}
 
 
 def hidden_taps(config, settings: dict) -> list[int]:
-    return [config.num_hidden_layers]   # the last layer's state (post-norm in the heads)
+    return [config.num_hidden_layers]   # the last layer's state (pre-norm; the heads read norm(tap))
 
 
 def setup(target, data, settings: dict, tcfg, device: str):

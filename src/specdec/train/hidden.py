@@ -12,8 +12,11 @@ Layout (one safetensors file; the reader maps it, so a split's states are read a
   {split}.prompt_len   int64 (records,)
   {split}.labels       int64 (tokens,)        label t: the target's argmax after ids[:t + 1], at the
                                               positions whose next token is a completion token; -1 elsewhere
-  {split}.tap{L}       (tokens, hidden)       transformers' output_hidden_states[L], stored in `store_dtype`
-metadata: target, hidden_size, vocab_size, num_layers, taps, dtype (compute), store_dtype.
+  {split}.tap{L}       (tokens, hidden)       tap L (core.target.tap_module: the residual stream after
+                                              L decoder layers, before the final norm), in `store_dtype`
+metadata: target, hidden_size, vocab_size, num_layers, taps, tap_space, dtype (compute), store_dtype.
+The taps are captured by the same forward hooks as the decoding loop's (core.target.tap_hooks), so a
+proposer is trained on the tensors it is served.
 """
 from __future__ import annotations
 
@@ -26,9 +29,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from ..core.target import tap_hooks
 from ..data.records import atomic_path, read_jsonl
 
 IGNORE = -1   # a position without a label
+# what a tap means (core.target): files that lack it, or say otherwise, are refused
+TAP_SPACE = "residual stream, before the final norm (core.target.tap_module)"
 
 
 @torch.inference_mode()
@@ -38,32 +44,25 @@ def compute_hidden_states(model, records: list[dict], taps: list[int], batch_siz
     the target's argmax at every position whose next token is a completion token."""
     seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in records]
     plens = [len(r["prompt_ids"]) for r in records]
-    n_layers = model.config.num_hidden_layers
-    for layer in taps:
-        if not 0 <= layer <= n_layers:
-            raise ValueError(f"hidden tap {layer} out of range 0..{n_layers}")
     out = {layer: [None] * len(seqs) for layer in taps}
     labels = [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # similar lengths share a batch
     device = next(model.parameters()).device
-    for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
-        idx = order[start:start + batch_size]
-        width = max(len(seqs[i]) for i in idx)
-        # right padding: under the causal mask real tokens never see the pad tokens after them
-        ids = torch.zeros(len(idx), width, dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
-        out_b = model.model(input_ids=ids.to(device), output_hidden_states=True, use_cache=False)
-        hs = out_b.hidden_states
-        for row, i in enumerate(idx):
-            n, a = len(seqs[i]), max(plens[i] - 1, 0)
-            for layer in taps:
-                out[layer][i] = hs[layer][row, :n].to("cpu", store_dtype or hs[layer].dtype)
-            # label t = argmax p(. | ids[:t + 1]) for t in [prompt_len - 1, n - 2]: the LM head
-            # only where there is a label ((n - a - 1, hidden) @ (hidden, V))
-            lab = torch.full((n,), IGNORE, dtype=torch.long)
-            lab[a:n - 1] = model.lm_head(out_b.last_hidden_state[row, a:n - 1]).argmax(-1).cpu()
-            labels[i] = lab
+    hs: dict[int, torch.Tensor] = {}
+    hooks = tap_hooks(model, taps, hs)   # hs[layer]: (batch, width, hidden) of the last forward
+    try:
+        for start in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch"):
+            idx = order[start:start + batch_size]
+            width = max(len(seqs[i]) for i in idx)
+            # right padding: under the causal mask real tokens never see the pad tokens after them
+            ids = torch.zeros(len(idx), width, dtype=torch.long)
+            for row, i in enumerate(idx):
+                ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
+            out_b = model.model(input_ids=ids.to(device), use_cache=False)
+            _store_batch(model, idx, seqs, plens, hs, out_b.last_hidden_state, out, labels, store_dtype)
+    finally:
+        for h in hooks:
+            h.remove()
     tensors = {
         "ids": torch.tensor([t for s in seqs for t in s], dtype=torch.long),
         "offsets": torch.tensor([0] + list(torch.tensor([len(s) for s in seqs]).cumsum(0).tolist()), dtype=torch.long),
@@ -73,6 +72,19 @@ def compute_hidden_states(model, records: list[dict], taps: list[int], batch_siz
     for layer in taps:
         tensors[f"tap{layer}"] = torch.cat(out[layer]).contiguous()
     return tensors
+
+
+def _store_batch(model, idx, seqs, plens, hs, last_hidden, out, labels, store_dtype) -> None:
+    """Keep each record's taps and its labels (the LM head on the final, post-norm state)."""
+    for row, i in enumerate(idx):
+        n, a = len(seqs[i]), max(plens[i] - 1, 0)
+        for layer, h in hs.items():
+            out[layer][i] = h[row, :n].to("cpu", store_dtype or h.dtype)
+        # label t = argmax p(. | ids[:t + 1]) for t in [prompt_len - 1, n - 2]: the LM head
+        # only where there is a label ((n - a - 1, hidden) @ (hidden, V))
+        lab = torch.full((n,), IGNORE, dtype=torch.long)
+        lab[a:n - 1] = model.lm_head(last_hidden[row, a:n - 1]).argmax(-1).cpu()
+        labels[i] = lab
 
 
 def write_hidden_states(target_dir: str, splits: dict[str, str], taps: list[int], out: str,
@@ -89,7 +101,8 @@ def write_hidden_states(target_dir: str, splits: dict[str, str], taps: list[int]
             tensors[f"{split}.{name}"] = t
     meta = {"target": str(target_dir), "hidden_size": model.config.hidden_size,
             "vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
-            "taps": taps, "dtype": dtype, "store_dtype": str(store).removeprefix("torch."), "splits": list(splits)}
+            "taps": taps, "tap_space": TAP_SPACE, "dtype": dtype,
+            "store_dtype": str(store).removeprefix("torch."), "splits": list(splits)}
     with atomic_path(out) as tmp:
         save_file(tensors, tmp, metadata={"specdec": json.dumps(meta)})
 
@@ -132,6 +145,10 @@ class HiddenStates:
             self.meta = json.loads((f.metadata() or {}).get("specdec", "null") or "null")
         if not self.meta:
             raise ValueError(f"{path}: not a specdec hidden-state file (no 'specdec' metadata)")
+        if self.meta.get("tap_space") != TAP_SPACE:
+            space = self.meta.get("tap_space") or "output_hidden_states (the last one after the final norm)"
+            raise ValueError(f"{path}: its taps are {space}, not the decoding loop's ({TAP_SPACE}): "
+                             f"delete it and rerun the hidden_states job")
 
     def check_target(self, config) -> None:
         for field in ("hidden_size", "vocab_size"):
