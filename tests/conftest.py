@@ -27,9 +27,10 @@ def tiny_model(request):
     return tiny_llama() if request.param == "llama" else tiny_qwen2()
 
 
-def distillation_set(model, root, taps, n_records=24, token_hi=64, completion=24):
+def distillation_set(model, root, taps, n_records=24, token_hi=64, completion=24, soft_topk=0):
     """A tiny target saved under root/target, a distillation set of its own greedy completions
-    (train.jsonl; heldout.jsonl = its first 4 records) and the hidden-state artifact with `taps`."""
+    (train.jsonl; heldout.jsonl = its first 4 records) and the hidden-state artifact with `taps`
+    (and `soft_topk` soft labels)."""
     import random
 
     from specdec.core.loop import decode
@@ -50,7 +51,7 @@ def distillation_set(model, root, taps, n_records=24, token_hi=64, completion=24
     write_jsonl(root / "heldout.jsonl", records[:4])
     hidden = root / "hidden.safetensors"
     write_hidden_states(str(target_dir), {"train": str(root / "train.jsonl"), "heldout": str(root / "heldout.jsonl")},
-                        list(taps), str(hidden), dtype="float32")
+                        list(taps), str(hidden), dtype="float32", soft_topk=soft_topk)
     return {"model": model, "root": root, "target_dir": target_dir, "hidden": hidden, "records": records}
 
 

@@ -52,7 +52,8 @@ def world(tmp_path_factory):
     model = random_final_norm(free_token_zero(tiny_llama()))
     taps = sorted({t for m in LEARNED
                    for t in methods.module(m).hidden_taps(model.config, methods.module(m).EXAMPLE["train"])})
-    out = distillation_set(model, tmp_path_factory.mktemp("contract"), taps or [model.config.num_hidden_layers])
+    out = distillation_set(model, tmp_path_factory.mktemp("contract"), taps or [model.config.num_hidden_layers],
+                           soft_topk=4)
     assert all(0 not in r["prompt_ids"] + r["completion_ids"] for r in out["records"])
     out["checkpoints"] = {}
     for m in LEARNED:
@@ -111,6 +112,32 @@ def test_decoding_features_equal_the_training_features(method, world):
             assert torch.allclose(got, seq.taps[layer][:len(got)], atol=1e-4, rtol=1e-4), (method, layer)
             compared += len(got)
     assert compared > 0
+
+
+@pytest.mark.parametrize("method", LEARNED)
+def test_soft_labels_reach_the_loss_at_the_hard_labels_positions(method, world, tmp_path):
+    """train.soft_labels: with the target's top-1 as the soft label, training equals hard-label
+    training weight for weight (each method's soft labels sit where its hard labels do); with its
+    top-4 the weights differ (the soft path is the one that ran)."""
+    from specdec.train.hidden import write_hidden_states
+    taps = HiddenStates(str(world["hidden"])).meta["taps"]
+    top1 = tmp_path / "top1.safetensors"
+    write_hidden_states(str(world["target_dir"]), {s: str(world["root"] / f"{s}.jsonl") for s in ("train", "heldout")},
+                        taps, str(top1), dtype="float32", soft_topk=1)
+    example = methods.module(method).EXAMPLE["train"]
+    soft = {**example, "train": {**example["train"], "soft_labels": True}}
+    train_checkpoint(method, {**world, "hidden": top1}, tmp_path / "top1", soft)
+    train_checkpoint(method, world, tmp_path / "top4", soft)
+    hard = load_file(_weights_file(world["checkpoints"][method]))
+    for name, w in load_file(_weights_file(tmp_path / "top1")).items():
+        assert torch.allclose(w.float(), hard[name].float(), atol=1e-5), (method, name)
+    top4 = load_file(_weights_file(tmp_path / "top4"))
+    assert any(not torch.allclose(w.float(), hard[name].float(), atol=1e-5) for name, w in top4.items()
+               if w.is_floating_point())
+
+
+def _weights_file(ckpt):
+    return next(p for p in sorted(ckpt.iterdir()) if p.suffix == ".safetensors")
 
 
 @pytest.mark.parametrize("method", methods.names())

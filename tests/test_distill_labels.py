@@ -50,15 +50,15 @@ def test_every_batch_builder_reads_the_labels_not_the_next_tokens():
     # Medusa: head k at position t predicts the target's token at t + 1 + k (label t + k)
     H = 4
     s.taps = {3: torch.randn(len(ids), H)}
-    _, y = medusa.head_examples([s], 3, torch.nn.Identity(), 2)
+    _, y, _ = medusa.head_examples([s], 3, torch.nn.Identity(), 2)
     assert y.tolist() == [[20, 21], [21, 22], [22, -100], [-100, -100]]
     # MTP: targets[c] is the target's token at column c
-    _, _, targets = mtp.pad_batch([s], 3)
+    _, _, targets, _ = mtp.pad_batch([s], 3)
     assert targets[0].tolist() == [-1, -1, 19, 20, 21, 22]
     # EAGLE-3: the same, after left padding
     s.taps = {1: torch.randn(len(ids), H)}
     other = Sequence(torch.tensor([3, 4, 5, 6]), 1, {1: torch.randn(4, H)})
-    _, _, targets, start = eagle3.ttt_batch([s, other], [1], None, torch.float32, "cpu")
+    _, _, targets, start, _ = eagle3.ttt_batch([s, other], [1], None, torch.float32, "cpu")
     assert start.tolist() == [0, 1]          # both completions start in column 2
     assert targets.tolist() == [[-1, -1, 19, 20, 21, 22], [-1, -1, 4, 5, 6, -1]]
 
@@ -112,7 +112,8 @@ def reference_states(tmp_path_factory):
         records.append({"id": f"r{i}", "prompt": "", "prompt_ids": prompt, "completion_ids": completion})
     write_jsonl(root / "train.jsonl", records)
     write_hidden_states(str(root / "target"), {"train": str(root / "train.jsonl")}, [1, 3],
-                        str(root / "h.safetensors"), dtype="float32", batch_size=4, store_dtype="bfloat16")
+                        str(root / "h.safetensors"), dtype="float32", batch_size=4, store_dtype="bfloat16",
+                        soft_topk=5)
     return model, records, HiddenStates(str(root / "h.safetensors"))
 
 
@@ -133,6 +134,41 @@ def test_state_file_labels_are_the_targets_argmax_and_states_are_stored_in_bf16(
     # random reference text: the target would have said something else at most positions
     ref = seqs[4]
     assert not torch.equal(ref.labels, Sequence(ref.ids, ref.prompt_len, {}).labels)
+
+
+def test_soft_labels_are_the_targets_top_k_log_probabilities(reference_states):
+    model, records, hs = reference_states
+    assert hs.split("train", [1])[0].soft is None          # only when asked for
+    for r, s in zip(records, hs.split("train", [1], soft=True)):
+        ids, logp = s.soft
+        p, n = len(r["prompt_ids"]), len(s.ids)
+        with torch.no_grad():
+            ref = torch.log_softmax(model(s.ids[None]).logits[0].float(), -1).topk(5, dim=-1)
+        assert ids[:p - 1].eq(-1).all() and ids[n - 1].eq(-1).all() and logp[n - 1].eq(float("-inf")).all()
+        assert torch.equal(ids[p - 1:n - 1, 0].long(), s.labels[p - 1:n - 1])      # top-1 is the label
+        assert torch.equal(ids[p - 1:n - 1].long(), ref.indices[p - 1:n - 1])
+        assert torch.allclose(logp[p - 1:n - 1], ref.values[p - 1:n - 1], atol=1e-4)
+        sid, slp = s.soft_targets                                                # aligned with targets
+        assert torch.equal(sid[1:], ids[:-1]) and sid[0].eq(-1).all()
+
+
+def test_soft_cross_entropy():
+    from specdec.train.soft import soft_cross_entropy, to_drafter
+    gen = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(6, 10, generator=gen), torch.randn(6, 10, generator=gen)
+    logq = torch.log_softmax(target, -1)
+    full = soft_cross_entropy(logits, torch.arange(10).expand(6, 10), logq)     # K = V: CE to the whole q
+    assert torch.allclose(full, -(logq.exp() * torch.log_softmax(logits, -1)).sum(-1).mean())
+    top = logq.topk(1, dim=-1)                                                   # K = 1: the hard CE
+    assert torch.allclose(soft_cross_entropy(logits, top.indices, top.values),
+                          torch.nn.functional.cross_entropy(logits, top.indices[:, 0]))
+    # a reduced vocabulary: tokens outside it drop out and q renormalises over the rest
+    t2d = torch.tensor([0, 1, 2, -1, -1, 3, 4, 5, 6, 7])
+    ids = torch.tensor([[3, 5], [4, 3]])
+    d = to_drafter(ids, t2d)
+    assert d.tolist() == [[-1, 3], [-1, -1]]
+    lp = torch.log_softmax(logits[:2, :8], -1)
+    assert torch.allclose(soft_cross_entropy(logits[:2, :8], d, torch.zeros(2, 2)), -lp[0, 3])   # row 2: none left
 
 
 def test_a_prefix_of_the_records_and_a_clear_error_past_the_end(reference_states):

@@ -87,7 +87,7 @@ def test_ttt_unroll_matches_step_by_step_drafting(vocab_size):
     assert batch[3].tolist() == [3, 0, 8]       # left padding: every completion starts in column 12
     with torch.no_grad():
         outs = eagle3.ttt_unroll(drafter, model, batch, steps)
-        for s, (logits, labels) in enumerate(outs):
+        for s, (logits, labels, _) in enumerate(outs):
             assert logits.shape[1] == len(vocab)
             k = 0
             for seq in seqs:

@@ -57,6 +57,8 @@ def test_hidden_state_artifact_matches_the_target(trained):
     assert torch.allclose(normed, ref, atol=1e-5)
     with pytest.raises(ValueError, match="taps \\[2\\] were not computed"):
         hs.split("train", [2])
+    with pytest.raises(ValueError, match="no soft labels .*train.hidden.soft_topk"):
+        hs.split("train", [L], soft=True)
 
 
 @pytest.mark.parametrize("ckpt", ["medusa", "mtp1", "mtp2"])
@@ -181,7 +183,7 @@ def test_draft_vocabulary_is_the_most_frequent_tokens(trained):
 def test_medusa_calibrates_on_a_seeded_sample_of_train_positions(trained, monkeypatch):
     root, model = trained["root"], trained["model"]
     L = model.config.num_hidden_layers
-    x, y = medusa.head_examples(HiddenStates(str(trained["hidden"])).split("train", [L]), L, model.model.norm, 3)
+    x, y, _ = medusa.head_examples(HiddenStates(str(trained["hidden"])).split("train", [L]), L, model.model.norm, 3)
     keep = medusa.calibration_sample(len(x), 20)
     assert len(x) > 20 and keep.unique().numel() == 20 and torch.equal(keep, medusa.calibration_sample(len(x), 20))
     assert torch.equal(medusa.calibration_sample(len(x), None), torch.arange(len(x)))

@@ -62,8 +62,18 @@ def cmd_chat_set(a):
     a.dtype = _resolve_dtype(a.dtype, a.device)
     model = load_causal_lm(a.target, a.dtype, a.device)
     tokenizer = load_tokenizer(a.target)
+    eos = eos_token_ids(model, tokenizer)
+    complete = None   # transformers' generate on `model`
+    if a.greedy_engine == "vllm":
+        from .data.distill import generate_vllm
+
+        def complete(prompts):
+            out, rate = generate_vllm(a.target, prompts, a.completion_tokens, a.dtype, a.vllm_max_num_seqs,
+                                      a.vllm_kv_cache_bytes, 2048, eos)
+            print(f"greedy completions through vLLM: {json.dumps(rate)}", flush=True)
+            return out
     splits = chat.build_chat_splits(
-        turns, model, tokenizer, eos_token_ids(model, tokenizer), prefix=a.prefix,
+        turns, model, tokenizer, eos, prefix=a.prefix, complete=complete,
         train_prompts=a.train_prompts, heldout_prompts=a.heldout_prompts,
         eval_overlap_prompts=a.eval_overlap_prompts, completion_tokens=a.completion_tokens,
         min_chars=a.min_chars, max_chars=a.max_chars, max_prompt_tokens=a.max_prompt_tokens,
@@ -144,7 +154,7 @@ def cmd_hidden_states(a):
         splits[name] = path
     a.dtype = _resolve_dtype(a.dtype, a.device)
     write_hidden_states(a.target, splits, a.taps, a.out, a.dtype, a.device, a.batch_size,
-                        _resolve_dtype(a.store_dtype, a.device))
+                        _resolve_dtype(a.store_dtype, a.device), a.soft_topk)
     print(f"hidden states (taps {a.taps}) of {', '.join(splits)} -> {a.out}")
 
 
@@ -334,6 +344,11 @@ def _data_verbs(sub) -> None:
     s.add_argument("--train-completions", choices=["greedy", "reference"], default="greedy",
                    help="training records beyond the train-overlap slice: the target's greedy completions, "
                         "or the source's reply (labelled by the target's prefill)")
+    s.add_argument("--greedy-engine", choices=["transformers", "vllm"], default="transformers",
+                   help="what decodes the greedy completions: transformers' generate (--batch-size rows "
+                        "at a time) or one in-process vLLM engine (--vllm-max-num-seqs at a time)")
+    s.add_argument("--vllm-max-num-seqs", type=int, default=64)
+    s.add_argument("--vllm-kv-cache-bytes", type=int, default=2 << 30)
     _device_args(s, dtype="bfloat16")
     for name in ("out-train", "out-overlap", "out-heldout"):
         s.add_argument(f"--{name}", required=True)
@@ -359,6 +374,8 @@ def _train_verbs(sub) -> None:
     _device_args(s, dtype="bfloat16")
     s.add_argument("--store-dtype", default="bfloat16",
                    help="dtype of the stored states (auto: the host's speed dtype)")
+    s.add_argument("--soft-topk", type=int, default=0,
+                   help="keep the target's K most likely next tokens and their log-probabilities (soft labels)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_hidden_states)
 

@@ -9,7 +9,7 @@ rule chat_set:
     input:
         unpack(chat_inputs),
         target=TARGET,
-        code=[str(SRC / "data" / f) for f in ("chat.py", "sharegpt.py", "ultrachat.py", "wiki.py")],
+        code=[str(SRC / "data" / f) for f in ("chat.py", "distill.py", "sharegpt.py", "ultrachat.py", "wiki.py")],
     output:
         train="data/chat/train.jsonl",
         overlap=DATASET_FILES["chat_overlap"],
@@ -36,7 +36,8 @@ rule chat_set:
         " --completion-tokens {params.c[completion_tokens]} --min-chars {params.c[min_chars]}"
         " --max-chars {params.c[max_chars]} --max-prompt-tokens {params.c[max_prompt_tokens]}"
         " --batch-size {params.c[batch_size]} --seed {params.c[seed]} --dtype {params.c[dtype]}"
-        " --train-completions {params.c[train_completions]}"
+        " --train-completions {params.c[train_completions]} --greedy-engine {params.c[greedy_engine]}"
+        " --vllm-max-num-seqs {params.c[vllm_max_num_seqs]} --vllm-kv-cache-bytes {params.c[vllm_kv_cache_bytes]}"
         " --device {params.device} --threads {params.threads}"
         " --out-train {output.train} --out-overlap {output.overlap} --out-heldout {output.heldout}"
         " 2>&1 | tee {log}"

@@ -30,6 +30,7 @@ rule hidden_states:
         "python -m specdec hidden-states --target {params.target}"
         " --split train={input.train} --split heldout={input.heldout} --taps {params.taps}"
         " --dtype {params.h[dtype]} --store-dtype {params.h[store_dtype]} --batch-size {params.h[batch_size]}"
+        " --soft-topk {params.h[soft_topk]}"
         " --device {params.device}"
         " --threads {params.threads} --out {output} 2>&1 | tee {log}"
 

@@ -89,7 +89,10 @@ def greedy_completions(model, tokenizer, prompts: list[list[int]], max_new_token
 def build_chat_splits(turns, model, tokenizer, eos_ids: set[int], *, prefix: str, train_prompts: int,
                       heldout_prompts: int, eval_overlap_prompts: int, completion_tokens: int,
                       min_chars: int, max_chars: int, max_prompt_tokens: int, batch_size: int,
-                      seed: int, train_completions: str = "greedy") -> dict[str, list[dict]]:
+                      seed: int, train_completions: str = "greedy",
+                      complete=None) -> dict[str, list[dict]]:
+    """`complete(prompts) -> completions`: the greedy engine (None: transformers' generate on
+    `model`, greedy_completions); each completion ends after its first EOS or at completion_tokens."""
     if eval_overlap_prompts > train_prompts:
         raise ValueError("chat set: eval_overlap_prompts must not exceed train_prompts")
     if train_completions not in COMPLETIONS:
@@ -99,8 +102,9 @@ def build_chat_splits(turns, model, tokenizer, eos_ids: set[int], *, prefix: str
                             max_prompt_tokens, seed, require_reply=reference)
     heldout, train = chosen[:heldout_prompts], chosen[heldout_prompts:]
     greedy = heldout + (train[:eval_overlap_prompts] if reference else train)
-    completions = greedy_completions(model, tokenizer, [r["prompt_ids"] for r in greedy],
-                                     completion_tokens, batch_size, eos_ids)
+    prompts = [r["prompt_ids"] for r in greedy]
+    completions = (complete(prompts) if complete is not None
+                   else greedy_completions(model, tokenizer, prompts, completion_tokens, batch_size, eos_ids))
     for r, comp in zip(greedy, completions):
         r["completion_ids"], r["completion_source"] = comp, "greedy"
     for r in train[eval_overlap_prompts:] if reference else []:

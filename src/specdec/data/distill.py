@@ -41,8 +41,10 @@ def generate_transformers(model, tokenizer, prompts: list[list[int]], max_new_to
 
 
 def generate_vllm(target_dir: str, prompts: list[list[int]], max_new_tokens: int, dtype: str,
-                  max_num_seqs: int, kv_cache_memory_bytes: int, max_model_len: int) -> tuple[list[list[int]], dict]:
-    """Greedy completions through one in-process vLLM engine; the engine's start-up is not timed."""
+                  max_num_seqs: int, kv_cache_memory_bytes: int, max_model_len: int,
+                  eos_ids: set[int] | None = None) -> tuple[list[list[int]], dict]:
+    """Greedy completions through one in-process vLLM engine; the engine's start-up is not timed.
+    `eos_ids`: each completion ends after the first of them (inclusive), as greedy_completions'."""
     import os
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -51,11 +53,13 @@ def generate_vllm(target_dir: str, prompts: list[list[int]], max_new_tokens: int
 
     llm = LLM(model=target_dir, dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
               kv_cache_memory_bytes=kv_cache_memory_bytes, enforce_eager=True, distributed_executor_backend="uni")
-    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=sorted(eos_ids or ()))
     t = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=True)
     seconds = time.perf_counter() - t
     out = [list(o.outputs[0].token_ids) for o in outs]
+    if eos_ids:
+        out = [c[:next((j + 1 for j, t in enumerate(c) if t in eos_ids), len(c))] for c in out]
     return out, _rate(sum(map(len, out)), seconds, max_num_seqs=max_num_seqs)
 
 

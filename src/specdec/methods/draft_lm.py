@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..data.records import write_json
 from ..train.checkpoint import CheckpointMismatch, read_meta, target_signature
 from ..train.hidden import Sequence
+from ..train.soft import padded_soft, soft_cross_entropy
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
@@ -106,6 +107,7 @@ class DraftBatch:
     labels: torch.Tensor                     # (B, N), IGNORE where no loss
     attention_mask: torch.Tensor | None = None   # (B, 1, N, N) additive, or None = causal
     position_of_label: torch.Tensor | None = None  # (B, N) draft position (1..K) of each label, 0 = none
+    soft: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, N, K) the target's top-K ids (-1: none), logp
 
 
 def causal_batch(seqs: list[Sequence], pad_id: int) -> DraftBatch:
@@ -119,7 +121,7 @@ def causal_batch(seqs: list[Sequence], pad_id: int) -> DraftBatch:
         # position t predicts the target's token after ids[:t + 1] (labelled positions only)
         labels[b, :len(s.ids)] = torch.where(s.labels >= 0, s.labels, IGNORE)
     pos = torch.arange(n).expand(len(seqs), n)
-    return DraftBatch(ids, pos, labels, None, (labels != IGNORE).long())
+    return DraftBatch(ids, pos, labels, None, (labels != IGNORE).long(), padded_soft(seqs, n, shifted=False))
 
 
 def hidden_states(model, batch: DraftBatch, device) -> torch.Tensor:
@@ -140,7 +142,10 @@ def completion_lm_loss(model, batch: DraftBatch, device, max_pos: int = 1) -> tu
     h = hidden_states(model, batch, device)[sel.to(device)]
     logits = model.lm_head(h).float()
     y = batch.labels[sel].to(device)
-    loss = F.cross_entropy(logits, y)
+    if batch.soft is None:
+        loss = F.cross_entropy(logits, y)
+    else:   # the target's top-K distribution at each label (train/soft.py)
+        loss = soft_cross_entropy(logits, batch.soft[0][sel].to(device), batch.soft[1][sel].to(device))
     right = logits.argmax(-1) == y
     where = batch.position_of_label[sel].to(device)
     metrics = {}

@@ -15,7 +15,8 @@ Training-time test: the drafter is unrolled for `ttt_steps` over whole sequences
 row j stands for the draft at position j+s: it reads o of row j at step s-1 and the true token
 x_(j+s+1), predicts x_(j+s+2), and attends to the step-0 keys of positions <= j (the verified
 context) plus its own keys of steps 1..s (a diagonal block per step): what the drafter sees at
-inference after s own steps. Loss: sum_s loss_decay^s * CE over completion-token labels.
+inference after s own steps. Loss: sum_s loss_decay^s * CE over completion-token labels (with soft
+labels, the CE to the target's top-K distribution there, train/soft.py).
 
 Inference keeps the drafter's KV cache exact: only rows of verified positions, computed from the
 target's features and the verified tokens, stay in it; every row a draft depends on is cropped
@@ -24,6 +25,7 @@ after drafting, and the next step runs the newly verified positions in one forwa
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,7 @@ from ..core.target import new_cache, one_layer_config
 from ..core.tree import ancestor_matrix, tree_attention_inputs
 from ..train.checkpoint import load_proposer, save_trained, write_model_dir
 from ..train.driver import frozen_target
+from ..train.soft import padded_soft, soft_cross_entropy, to_drafter
 from ..train.vocab import coverage, frequent_tokens
 from . import VllmServing
 
@@ -123,36 +126,50 @@ def ttt_masks(m: int, steps: int, dtype, start: torch.Tensor | None = None, firs
     return out
 
 
-def ttt_batch(seqs, taps: list[int], context: int | None, dtype, device):
-    """(ids, fused-input taps (B, n, T*H), targets, first real column), prompts clipped to their
-    last `context` tokens and left-padded so that every completion starts in the same column:
-    later TTT steps then only run the rows that lead to a label. targets[b, c]: the target's token
-    at completion column c (Sequence.targets), -1 elsewhere."""
+class TTTBatch(NamedTuple):
+    ids: torch.Tensor       # (B, n)
+    feats: torch.Tensor     # (B, n, T*H) fused-input taps
+    targets: torch.Tensor   # (B, n) the target's token at completion column c, -1 elsewhere
+    start: torch.Tensor     # (B,) first real column
+    soft: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, n, K) top-K target ids (-1: none), logp
+
+
+def ttt_batch(seqs, taps: list[int], context: int | None, dtype, device) -> TTTBatch:
+    """Prompts clipped to their last `context` tokens and left-padded so that every completion
+    starts in the same column: later TTT steps then only run the rows that lead to a label.
+    targets[b, c]: the target's token at completion column c (Sequence.targets); soft: its top K
+    there (Sequence.soft_targets), where the sequences carry them."""
     clipped = []
     for s in seqs:
         a = 0 if context is None else max(0, s.prompt_len - context)
-        clipped.append((s.ids[a:], torch.cat([s.taps[t][a:] for t in taps], dim=-1), s.prompt_len - a, s.targets[a:]))
-    C = max(p for _, _, p, _ in clipped)
-    n = C + max(len(x) - p for x, _, p, _ in clipped)
+        clipped.append((s.ids[a:], torch.cat([s.taps[t][a:] for t in taps], dim=-1), s.prompt_len - a, a))
+    C = max(c[2] for c in clipped)
+    n = C + max(len(c[0]) - c[2] for c in clipped)
     ids = torch.zeros(len(seqs), n, dtype=torch.long)
     feats = torch.zeros(len(seqs), n, clipped[0][1].shape[-1], dtype=dtype)
     targets = torch.full((len(seqs), n), -1, dtype=torch.long)
     start = torch.zeros(len(seqs), dtype=torch.long)
-    for b, (x, f, p, lab) in enumerate(clipped):
+    for b, ((x, f, p, a), seq) in enumerate(zip(clipped, seqs)):
         o = start[b] = C - p
         ids[b, o:o + len(x)], feats[b, o:o + len(x)] = x, f.to(dtype)
-        targets[b, o:o + len(x)] = lab
-    return ids.to(device), feats.to(device), targets.to(device), start.to(device)
+        targets[b, o:o + len(x)] = seq.targets[a:]
+    soft = padded_soft(seqs, n, start, [c[3] for c in clipped])
+    soft = None if soft is None else (soft[0].to(device), soft[1].to(device))
+    return TTTBatch(ids.to(device), feats.to(device), targets.to(device), start.to(device), soft)
 
 
-def ttt_unroll(drafter: Eagle3Drafter, model, batch, steps: int):
-    """The TTT unroll over a ttt_batch -> per step (draft logits of labelled rows, target-id labels)."""
-    ids, feats, targets, start = batch
+def ttt_unroll(drafter: Eagle3Drafter, model, batch: TTTBatch, steps: int):
+    """The TTT unroll over a ttt_batch -> per step (draft logits of labelled rows, target-id labels,
+    their soft labels ((rows, K) target ids, logp) or None)."""
+    ids, feats, targets, start, soft = batch
     B, n = ids.shape
     m = n - 1                                       # rows 0..n-2 (row j reads token j+1)
     embed, rotary = model.model.embed_tokens, model.model.rotary_emb
     ids_pad = F.pad(ids, (0, steps + 1))            # tokens past the end: 0, never labelled
     tgt_pad = F.pad(targets, (0, steps + 1), value=-1)
+    if soft is not None:
+        soft = (F.pad(soft[0], (0, 0, 0, steps + 1), value=-1),
+                F.pad(soft[1], (0, 0, 0, steps + 1), value=float("-inf")))
     # after step 0 only rows with a label at some later step matter: j + s + 2 >= first label
     labelled = (targets >= 0).any(0).nonzero()
     first = int(labelled[0]) if len(labelled) else n
@@ -170,7 +187,8 @@ def ttt_unroll(drafter: Eagle3Drafter, model, batch, steps: int):
         g, normed = drafter(g, emb, pos, rotary(g, pos), masks[s].to(ids.device), cache)
         y = tgt_pad[:, rows + s + 2]                # the label of row j at step s is x_(j+s+2)
         ok = y >= 0
-        out.append((drafter.lm_head(normed[ok]), y[ok]))
+        ys = None if soft is None else (soft[0][:, rows + s + 2][ok], soft[1][:, rows + s + 2][ok])
+        out.append((drafter.lm_head(normed[ok]), y[ok], ys))
     return out
 
 
@@ -178,10 +196,15 @@ def ttt_loss(outs, t2d: torch.Tensor, decay: float) -> tuple[torch.Tensor, list[
     """Weighted CE (labels outside the draft vocabulary left out) and top-1 accuracy per step
     (a label outside the draft vocabulary is a miss)."""
     total, accs = None, []
-    for s, (logits, labels) in enumerate(outs):
+    for s, (logits, labels, soft) in enumerate(outs):
         d = t2d[labels]
         valid = d >= 0
-        ce = F.cross_entropy(logits[valid].float(), d[valid]) if valid.any() else logits.sum() * 0
+        if not valid.any():
+            ce = logits.sum() * 0
+        elif soft is None:
+            ce = F.cross_entropy(logits[valid].float(), d[valid])
+        else:   # the target's top K as draft indices; rows whose hard label is outside are left out, as above
+            ce = soft_cross_entropy(logits[valid], to_drafter(soft[0][valid], t2d), soft[1][valid])
         total = decay ** s * ce if total is None else total + decay ** s * ce
         accs.append((logits.argmax(-1) == d).float().mean().item() if len(d) else float("nan"))
     return total, accs
@@ -238,7 +261,7 @@ def setup(target, data, settings: dict, tcfg, device: str):
             hits, count = torch.zeros(ecfg.ttt_steps), torch.zeros(ecfg.ttt_steps)
             for a in range(0, len(seqs), tcfg.batch_size):
                 outs = ttt_unroll(module, model, batch_of(seqs[a:a + tcfg.batch_size]), ecfg.ttt_steps)
-                for s, (logits, labels) in enumerate(outs):
+                for s, (logits, labels, _) in enumerate(outs):
                     hits[s] += (vocab.to(device)[logits.argmax(-1)] == labels).sum().item()
                     count[s] += len(labels)
             acc = (hits / count.clamp(min=1)).tolist()

@@ -6,7 +6,8 @@ Head k (1..K) reads h_t, the state from which the target predicts token t+1, and
 t+1+k:   logits_k = W_k (h_t + SiLU(A_k h_t + b_k)),   W_k initialised from the target's lm_head,
 A_k from zero (so every head starts as the target's own next-token head).
 Loss (Medusa-1, frozen backbone): sum_k decay^(k-1) * CE(logits_k, token t+1+k), over positions
-whose label is one of the target's greedy completion tokens (distillation).
+whose label is one of the target's greedy completion tokens (distillation); with soft labels, the
+CE to the target's top-K distribution at t+1+k instead (train/soft.py).
 
 Inference drafts a tree of top-k candidates in one shot: a node at depth d is the r-th ranked
 token of head d. The tree's shape comes from measured accuracies, not from a constant: with
@@ -30,6 +31,7 @@ from torch import nn
 
 from ..core.loop import Draft, StepResult
 from ..train.checkpoint import load_proposer, save_trained, write_model_dir
+from ..train.soft import soft_cross_entropy, to_drafter
 from ..train.vocab import coverage, frequent_tokens, target_to_draft
 from . import VllmServing
 
@@ -76,10 +78,11 @@ class MedusaHeads(nn.Module):
 
 
 # ---- training ---------------------------------------------------------------------------------
-def head_examples(seqs, tap: int, norm: nn.Module, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(post-norm h_t, labels (t+2 .. t+1+K)) for every position t whose next token is a
-    completion token: the target's tokens there (Sequence.labels); past the end, -100."""
-    xs, ys = [], []
+def head_examples(seqs, tap: int, norm: nn.Module, num_heads: int):
+    """(post-norm h_t, labels (t+2 .. t+1+K), soft labels or None) for every position t whose next
+    token is a completion token: the target's tokens there (Sequence.labels; past the end, -100),
+    and where the sequences carry them, its top-K there ((N, K, topk) ids (-1 past the end), logp)."""
+    xs, ys, sids, slps = [], [], [], []
     for s in seqs:
         n, p = len(s.ids), s.prompt_len
         t = torch.arange(p - 1, n - 1)  # h_t predicts a completion token at t+1
@@ -89,23 +92,36 @@ def head_examples(seqs, tap: int, norm: nn.Module, num_heads: int) -> tuple[torc
             xs.append(norm(s.taps[tap][t].float()))
         lab = torch.full((len(t), num_heads), -100, dtype=torch.long)
         targets = s.targets                 # the target's token at each completion position
+        soft = s.soft_targets
+        if soft is not None:
+            sid = torch.full((len(t), num_heads, soft[0].shape[1]), -1, dtype=torch.int32)
+            slp = torch.full(sid.shape, float("-inf"))
         for k in range(1, num_heads + 1):
             j = t + 1 + k
             ok = j < n
             lab[ok, k - 1] = targets[j[ok]]
+            if soft is not None:
+                sid[ok, k - 1], slp[ok, k - 1] = soft[0][j[ok]], soft[1][j[ok]]
         ys.append(lab)
-    return torch.cat(xs), torch.cat(ys)
+        if soft is not None:
+            sids.append(sid)
+            slps.append(slp)
+    return torch.cat(xs), torch.cat(ys), (torch.cat(sids), torch.cat(slps)) if sids else None
 
 
-def medusa_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float) -> tuple[torch.Tensor, list[float]]:
+def medusa_loss(logits: torch.Tensor, labels: torch.Tensor, decay: float,
+                soft: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, list[float]]:
     """logits (K, N, V), labels (N, K) -> weighted CE and top-1 accuracy per head. Labels < 0
-    (past the end, in the prompt, or outside the draft vocabulary) are left out."""
+    (past the end, in the prompt, or outside the draft vocabulary) are left out. soft: ((N, K,
+    topk) draft indices, logp): the CE to the target's top-K distribution instead."""
     total, accs = logits.new_zeros(()), []
     for k in range(logits.shape[0]):
         y = labels[:, k]
         valid = y >= 0
         if valid.any():
-            total = total + decay ** k * F.cross_entropy(logits[k][valid], y[valid])
+            ce = (F.cross_entropy(logits[k][valid], y[valid]) if soft is None
+                  else soft_cross_entropy(logits[k][valid], soft[0][valid, k], soft[1][valid, k]))
+            total = total + decay ** k * ce
             accs.append((logits[k][valid].argmax(-1) == y[valid]).float().mean().item())
         else:
             accs.append(float("nan"))
@@ -158,10 +174,12 @@ def setup(target, data, settings: dict, tcfg, device: str):
     dtype = getattr(torch, tcfg.dtype)
 
     def examples(seqs):  # labels as draft indices (-1: not in the draft vocabulary)
-        ex, ey = head_examples(seqs, tap, norm, mcfg.num_heads)
-        return ex.to(device, dtype), torch.where(ey >= 0, t2d[ey.clamp(min=0)], ey).to(device)
+        ex, ey, soft = head_examples(seqs, tap, norm, mcfg.num_heads)
+        return ex.to(device, dtype), torch.where(ey >= 0, t2d[ey.clamp(min=0)], ey).to(device), soft
 
-    x, y = examples(data.train)
+    x, y, soft = examples(data.train)
+    if soft is not None:   # the top-K as draft indices
+        soft = (to_drafter(soft[0], None if vocab is None else t2d).to(device), soft[1].to(device))
     heads = MedusaHeads(mcfg.num_heads, target.config.hidden_size, V, vocab)
     heads.init_from_target(target.lm_head.weight.detach())
     if not mcfg.train_lm_head:
@@ -170,10 +188,11 @@ def setup(target, data, settings: dict, tcfg, device: str):
     heads.to(device, dtype)
 
     def loss(module, idx, step):
-        value, accs = medusa_loss(module(x[idx]).float(), y[idx], mcfg.loss_decay)
+        value, accs = medusa_loss(module(x[idx]).float(), y[idx], mcfg.loss_decay,
+                                  None if soft is None else (soft[0][idx], soft[1][idx]))
         return value, {f"acc_head{k + 1}": acc for k, acc in enumerate(accs)}
 
-    evals = {name: examples(seqs) for name, seqs in data.eval_splits().items()}
+    evals = {name: examples(seqs)[:2] for name, seqs in data.eval_splits().items()}
     cal = calibration_sample(len(x), mcfg.calibration_positions)
     rank_acc = {}   # split -> per-head, per-rank accuracy; the calibration split's shapes the tree
 

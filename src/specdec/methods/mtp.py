@@ -27,6 +27,7 @@ from ..core.target import new_cache, one_layer_config
 from ..core.tree import tree_attention_inputs
 from ..train.checkpoint import load_proposer, save_trained, write_model_dir
 from ..train.driver import frozen_target
+from ..train.soft import padded_soft, soft_cross_entropy
 from . import VllmServing
 
 NAME = "mtp"
@@ -86,12 +87,12 @@ def pad_batch(seqs, tap: int, dtype=torch.float32):
         ids[b, :len(s.ids)] = s.ids
         h[b, :len(s.ids)] = s.taps[tap].to(dtype)
         targets[b, :len(s.ids)] = s.targets
-    return ids, h, targets
+    return ids, h, targets, padded_soft(seqs, n)
 
 
-def mtp_forward_train(mtp: MTP, model, ids, h, targets):
+def mtp_forward_train(mtp: MTP, model, ids, h, targets, soft=None):
     """Every module over whole padded sequences (causal attention, no cache).
-    Returns per module (logits of labelled positions, labels)."""
+    Returns per module (logits of labelled positions, labels, their soft labels or None)."""
     base = model.model
     n = ids.shape[1]
     prev, out = h, []
@@ -101,7 +102,8 @@ def mtp_forward_train(mtp: MTP, model, ids, h, targets):
         g = layer(prev[:, :m], base.embed_tokens(ids[:, k:]), pos, base.rotary_emb(prev, pos))
         y = targets[:, k + 1:]                      # label of position j is x_(j+k+1)
         ok = y >= 0
-        out.append((model.lm_head(g[:, :m - 1][ok]), y[ok]))
+        ys = None if soft is None else (soft[0][:, k + 1:][ok], soft[1][:, k + 1:][ok])
+        out.append((model.lm_head(g[:, :m - 1][ok]), y[ok], ys))
         prev = g
     return out
 
@@ -125,13 +127,15 @@ def setup(target, data, settings: dict, tcfg, device: str):
     mtp.to(device, dtype)
 
     def batch_of(seqs):
-        return [t.to(device) for t in pad_batch(seqs, tap, dtype)]
+        ids, h, targets, soft = pad_batch(seqs, tap, dtype)
+        return ids.to(device), h.to(device), targets.to(device), None if soft is None else [t.to(device) for t in soft]
 
     def loss(module, idx, step):
         outs = mtp_forward_train(module, model, *batch_of([data.train[i] for i in idx]))
-        losses = [F.cross_entropy(lg.float(), y) for lg, y in outs]
+        losses = [F.cross_entropy(lg.float(), y) if soft is None else soft_cross_entropy(lg, *soft)
+                  for lg, y, soft in outs]
         metrics = {f"acc_module{k + 1}": (lg.argmax(-1) == y).float().mean().item()
-                   for k, (lg, y) in enumerate(outs)}
+                   for k, (lg, y, _) in enumerate(outs)}
         return sum(losses) / len(losses), metrics
 
     def evaluate(module):   # teacher-forced top-1 accuracy per module
@@ -139,7 +143,8 @@ def setup(target, data, settings: dict, tcfg, device: str):
         for name, seqs in data.eval_splits().items():
             hits = [[0, 0] for _ in module.layers]
             for a in range(0, len(seqs), tcfg.batch_size):
-                for k, (lg, y) in enumerate(mtp_forward_train(module, model, *batch_of(seqs[a:a + tcfg.batch_size]))):
+                for k, (lg, y, _) in enumerate(mtp_forward_train(module, model,
+                                                                 *batch_of(seqs[a:a + tcfg.batch_size]))):
                     hits[k][0] += (lg.argmax(-1) == y).sum().item()
                     hits[k][1] += len(y)
             proxy[name] = {"accuracy_per_module": [h / max(1, c) for h, c in hits]}

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..core.loop import Draft, StepResult, draft_limit
+from ..train.soft import padded_soft
 from . import VllmServing
 from .draft_lm import IGNORE, DraftBatch, DraftLMConfig, draft_trainee, export_hf_draft, load_draft_lm, open_draft
 
@@ -85,12 +86,17 @@ def pard_batch(seqs, cfg: PardTrainConfig, pad_id: int, gen: torch.Generator | N
     labels = torch.full((B, N), IGNORE, dtype=torch.long)
     lpos = torch.zeros((B, N), dtype=torch.long)
     allowed = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)   # padding rows see themselves only
+    soft = padded_soft(seqs, N, shifted=False)   # (B, N, K): filled per node below
     for b, (tok, p, al, lab, lp) in enumerate(examples):
         m = len(tok)
         ids[b, :m], pos[b, :m], labels[b, :m], lpos[b, :m] = (torch.tensor(tok), torch.tensor(p),
                                                                torch.tensor(lab), torch.tensor(lp))
         allowed[b, :m, :m] = al
-    return DraftBatch(ids, pos, labels, allowed[:, None], lpos)
+        if soft is not None:   # a node at position q is labelled with the target's token after ids[:q + 1]
+            q = torch.tensor(p)
+            soft[0][b, :m], soft[1][b, :m] = seqs[b].soft[0][q], seqs[b].soft[1][q]
+            soft[0][b, :m][labels[b, :m] == IGNORE] = IGNORE
+    return DraftBatch(ids, pos, labels, allowed[:, None], lpos, soft)
 
 
 TRAIN_SETTINGS = {"draft": DraftLMConfig, "pard": PardTrainConfig}

@@ -30,6 +30,11 @@ class TrainData:
     heldout: list[Sequence]
     overlap: int          # the first `overlap` train sequences are the train-overlap eval slice
 
+    @property
+    def soft(self) -> bool:
+        """The sequences carry the target's top-K soft labels (train.soft_labels): losses distil them."""
+        return bool(self.train) and self.train[0].soft is not None
+
     def eval_splits(self) -> dict[str, list[Sequence]]:
         return {"overlap": self.train[: self.overlap], "heldout": self.heldout}
 
@@ -85,7 +90,9 @@ def _prepare(method, hidden_path: str, target_dir: str, settings: dict, overlap:
     hs = HiddenStates(hidden_path)
     hs.check_target(target.config)
     taps = method.hidden_taps(target.config, settings)
-    return tcfg, target, hs, TrainData(hs.split("train", taps, tcfg.records), hs.split("heldout", taps), overlap)
+    soft = tcfg.soft_labels
+    train, heldout = hs.split("train", taps, tcfg.records, soft), hs.split("heldout", taps, soft=soft)
+    return tcfg, target, hs, TrainData(train, heldout, overlap)
 
 
 PROBE_STEPS = 2          # timed training steps per dtype when `auto` has two candidates

@@ -12,9 +12,12 @@ Layout (one safetensors file; the reader maps it, so a split's states are read a
   {split}.prompt_len   int64 (records,)
   {split}.labels       int64 (tokens,)        label t: the target's argmax after ids[:t + 1], at the
                                               positions whose next token is a completion token; -1 elsewhere
+  {split}.soft_ids     int32 (tokens, K)      the target's K most likely tokens after ids[:t + 1], where
+  {split}.soft_logp    float32 (tokens, K)    there is a label (-1 / -inf elsewhere), and their log-probabilities
+                                              under its full softmax: the soft labels (soft_topk K; 0: none)
   {split}.tap{L}       (tokens, hidden)       tap L (core.target.tap_module: the residual stream after
                                               L decoder layers, before the final norm), in `store_dtype`
-metadata: target, hidden_size, vocab_size, num_layers, taps, tap_space, dtype (compute), store_dtype.
+metadata: target, hidden_size, vocab_size, num_layers, taps, tap_space, soft_topk, dtype (compute), store_dtype.
 The taps are captured by the same forward hooks as the decoding loop's (core.target.tap_hooks), so a
 proposer is trained on the tensors it is served.
 """
@@ -39,13 +42,14 @@ TAP_SPACE = "residual stream, before the final norm (core.target.tap_module)"
 
 @torch.inference_mode()
 def compute_hidden_states(model, records: list[dict], taps: list[int], batch_size: int = 8, desc: str = "hidden states",
-                          store_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+                          store_dtype: torch.dtype | None = None, soft_topk: int = 0) -> dict[str, torch.Tensor]:
     """Run the target over prompt + completion of each record; keep the taps of every token and
-    the target's argmax at every position whose next token is a completion token."""
+    the target's argmax (and its top `soft_topk` log-probabilities) at every position whose next
+    token is a completion token."""
     seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in records]
     plens = [len(r["prompt_ids"]) for r in records]
     out = {layer: [None] * len(seqs) for layer in taps}
-    labels = [None] * len(seqs)
+    labels, soft = [None] * len(seqs), [None] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # similar lengths share a batch
     device = next(model.parameters()).device
     hs: dict[int, torch.Tensor] = {}
@@ -59,7 +63,8 @@ def compute_hidden_states(model, records: list[dict], taps: list[int], batch_siz
             for row, i in enumerate(idx):
                 ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
             out_b = model.model(input_ids=ids.to(device), use_cache=False)
-            _store_batch(model, idx, seqs, plens, hs, out_b.last_hidden_state, out, labels, store_dtype)
+            _store_batch(model, idx, seqs, plens, hs, out_b.last_hidden_state, out, labels, soft, store_dtype,
+                         soft_topk)
     finally:
         for h in hooks:
             h.remove()
@@ -69,12 +74,15 @@ def compute_hidden_states(model, records: list[dict], taps: list[int], batch_siz
         "prompt_len": torch.tensor(plens, dtype=torch.long),
         "labels": torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long),
     }
+    if soft_topk:
+        tensors["soft_ids"] = torch.cat([s[0] for s in soft]) if soft else torch.zeros(0, soft_topk, dtype=torch.int32)
+        tensors["soft_logp"] = torch.cat([s[1] for s in soft]) if soft else torch.zeros(0, soft_topk)
     for layer in taps:
         tensors[f"tap{layer}"] = torch.cat(out[layer]).contiguous()
     return tensors
 
 
-def _store_batch(model, idx, seqs, plens, hs, last_hidden, out, labels, store_dtype) -> None:
+def _store_batch(model, idx, seqs, plens, hs, last_hidden, out, labels, soft, store_dtype, soft_topk) -> None:
     """Keep each record's taps and its labels (the LM head on the final, post-norm state)."""
     for row, i in enumerate(idx):
         n, a = len(seqs[i]), max(plens[i] - 1, 0)
@@ -83,25 +91,34 @@ def _store_batch(model, idx, seqs, plens, hs, last_hidden, out, labels, store_dt
         # label t = argmax p(. | ids[:t + 1]) for t in [prompt_len - 1, n - 2]: the LM head
         # only where there is a label ((n - a - 1, hidden) @ (hidden, V))
         lab = torch.full((n,), IGNORE, dtype=torch.long)
-        lab[a:n - 1] = model.lm_head(last_hidden[row, a:n - 1]).argmax(-1).cpu()
+        logits = model.lm_head(last_hidden[row, a:n - 1]).float()        # (n - a - 1, V)
+        lab[a:n - 1] = logits.argmax(-1).cpu()
         labels[i] = lab
+        if soft_topk:
+            top = torch.log_softmax(logits, -1).topk(soft_topk, dim=-1)    # log p(v | ids[:t + 1]), top K
+            ids = torch.full((n, soft_topk), IGNORE, dtype=torch.int32)
+            logp = torch.full((n, soft_topk), float("-inf"))
+            ids[a:n - 1], logp[a:n - 1] = top.indices.cpu().int(), top.values.cpu()
+            soft[i] = (ids, logp)
 
 
 def write_hidden_states(target_dir: str, splits: dict[str, str], taps: list[int], out: str,
                         dtype: str = "bfloat16", device: str = "cpu", batch_size: int = 8,
-                        store_dtype: str | None = None) -> None:
-    """`dtype`: the forward's; `store_dtype`: the stored states' (None: the forward's)."""
+                        store_dtype: str | None = None, soft_topk: int = 0) -> None:
+    """`dtype`: the forward's; `store_dtype`: the stored states' (None: the forward's); soft_topk:
+    how many of the target's most likely next tokens are kept as soft labels (0: none)."""
     from ..models import load_causal_lm
     model = load_causal_lm(target_dir, dtype, device)
     store = getattr(torch, store_dtype or dtype)
     tensors = {}
     for split, path in splits.items():
         records = read_jsonl(path, ("prompt_ids", "completion_ids"))
-        for name, t in compute_hidden_states(model, records, taps, batch_size, desc=split, store_dtype=store).items():
+        for name, t in compute_hidden_states(model, records, taps, batch_size, desc=split, store_dtype=store,
+                                             soft_topk=soft_topk).items():
             tensors[f"{split}.{name}"] = t
     meta = {"target": str(target_dir), "hidden_size": model.config.hidden_size,
             "vocab_size": model.config.vocab_size, "num_layers": model.config.num_hidden_layers,
-            "taps": taps, "tap_space": TAP_SPACE, "dtype": dtype,
+            "taps": taps, "tap_space": TAP_SPACE, "soft_topk": soft_topk, "dtype": dtype,
             "store_dtype": str(store).removeprefix("torch."), "splits": list(splits)}
     with atomic_path(out) as tmp:
         save_file(tensors, tmp, metadata={"specdec": json.dumps(meta)})
@@ -115,6 +132,8 @@ class Sequence:
     labels: torch.Tensor | None = None  # (n,) label t: the target's token after ids[:t + 1]; IGNORE (-1)
                                         # where none. None: the completion's own next tokens
                                         # (the completion is the target's greedy output)
+    soft: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids (n, K), logp (n, K)) aligned with
+                                        # labels: the target's top K after ids[:t + 1]; None: hard labels only
 
     def __post_init__(self):
         if self.labels is None:
@@ -128,10 +147,20 @@ class Sequence:
         IGNORE elsewhere: what a drafter reading position t's input predicts for position t."""
         return torch.cat([self.labels.new_full((1,), IGNORE), self.labels[:-1]])
 
+    @property
+    def soft_targets(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids (n, K), logp (n, K)) aligned with `targets` (the soft labels shifted by one)."""
+        if self.soft is None:
+            return None
+        ids, logp = self.soft
+        return (torch.cat([ids.new_full((1, ids.shape[1]), IGNORE), ids[:-1]]),
+                torch.cat([logp.new_full((1, logp.shape[1]), float("-inf")), logp[:-1]]))
+
     def clip(self, start: int) -> Sequence:
         """The sequence from token `start` on (its prompt shortened; the labels kept)."""
         return Sequence(self.ids[start:], self.prompt_len - start, {t: v[start:] for t, v in self.taps.items()},
-                        self.labels[start:])
+                        self.labels[start:],
+                        None if self.soft is None else (self.soft[0][start:], self.soft[1][start:]))
 
 
 class HiddenStates:
@@ -156,8 +185,12 @@ class HiddenStates:
                 raise ValueError(f"{self.path}: {field} {self.meta[field]} does not match the "
                                  f"target's {field} {getattr(config, field)}")
 
-    def split(self, name: str, taps: list[int], records: int | None = None) -> list[Sequence]:
-        """The split's sequences (the first `records` of them), their taps views of the mapped file."""
+    def split(self, name: str, taps: list[int], records: int | None = None, soft: bool = False) -> list[Sequence]:
+        """The split's sequences (the first `records` of them), their taps views of the mapped file;
+        soft: with their soft labels (an error where the file has none)."""
+        if soft and not self.meta.get("soft_topk"):
+            raise ValueError(f"{self.path}: no soft labels (its soft_topk is {self.meta.get('soft_topk', 0)}): "
+                             f"set train.hidden.soft_topk in the config, or train without train.soft_labels")
         if name not in self.meta["splits"]:
             raise ValueError(f"{self.path}: no split {name!r} (has {self.meta['splits']})")
         missing = [t for t in taps if t not in self.meta["taps"]]
@@ -171,10 +204,12 @@ class HiddenStates:
                 raise ValueError(f"{self.path}: split {name!r} has no labels (a file from an older "
                                  f"version of specdec: delete it and rerun the hidden_states job)")
             labels = f.get_tensor(f"{name}.labels")
+            soft = (f.get_tensor(f"{name}.soft_ids"), f.get_tensor(f"{name}.soft_logp")) if soft else None
             # get_tensor maps the file (no copy): a tap is read from disk when a batch slices it
             tap = {t: f.get_tensor(f"{name}.tap{t}") for t in taps}
         if records is not None and not 1 <= records <= len(plen):
             raise ValueError(f"{self.path}: split {name!r} has {len(plen)} records, {records} requested")
         bounds = list(zip(off[:-1], off[1:]))[:records]
-        return [Sequence(ids[a:b], plen[r], {t: v[a:b] for t, v in tap.items()}, labels[a:b])
+        return [Sequence(ids[a:b], plen[r], {t: v[a:b] for t, v in tap.items()}, labels[a:b],
+                         None if soft is None else (soft[0][a:b], soft[1][a:b]))
                 for r, (a, b) in enumerate(bounds)]

@@ -36,6 +36,7 @@ class TrainConfig:
     eval_every: int = 0       # steps between evaluations of the eval proxy (logged); 0: at the end only
     records: int | None = None  # train on the first N training records (None: all)
     seed: int = 0
+    soft_labels: bool = False   # distil the target's top-K distribution (train/soft.py; the cache's soft_topk)
     dtype: str = "float32"    # parameter/compute dtype; "auto": the driver times the candidates (driver.choose_dtype)
 
 
