@@ -376,7 +376,7 @@ def test_auto_train_dtype_is_probed_and_recorded(world, tmp_path, monkeypatch, p
     assert sorted(probed) == ["bfloat16", "float32"]
     assert train["dtype"] == chosen and train["dtype_requested"] == "auto"
     assert f"bfloat16 {probe_s['bfloat16']:.2f} s/step" in train["dtype_reason"]
-    assert trained_in == [{getattr(torch, chosen)}]
+    assert trained_in == [{torch.float32}] and train["master_weights"] == "float32"  # bf16: matmuls under autocast
     again = reevaluate(methods.module(method), str(tmp_path), hidden_path=str(world["hidden"]),
                        target_dir=str(world["target_dir"]), settings=settings, overlap=4)
     assert again == json.loads((tmp_path / "config.json").read_text())["eval_proxy"]

@@ -116,13 +116,13 @@ def test_training_lowers_the_loss_and_writes_the_acceptance_proxy(trained):
 
 
 def test_reduced_vocabulary_and_d2t(trained, tmp_path):
-    """The draft vocabulary is the most frequent training tokens; the export's d2t offsets map
+    """The draft vocabulary is the most frequent training labels; the export's d2t offsets map
     draft index i to target id i + d2t[i]; a full vocabulary writes no d2t (vLLM refuses one)."""
     state = load_file(trained["root"] / "ttt2_dv" / "model.safetensors")
     vocab = state["draft_vocab"]
     assert len(vocab) == 40 and torch.equal(vocab, vocab.sort().values)
-    seqs = HiddenStates(str(trained["hidden"])).split("train", TAPS)   # tokens and the target's labels
-    counts = torch.bincount(torch.cat([s.ids for s in seqs] + [s.labels[s.labels >= 0] for s in seqs]), minlength=64)
+    seqs = HiddenStates(str(trained["hidden"])).split("train", TAPS)   # the target's labels
+    counts = torch.bincount(torch.cat([s.labels[s.labels >= 0] for s in seqs]), minlength=64)
     assert counts[vocab].min() >= counts[[t for t in range(64) if t not in set(vocab.tolist())]].max()
     assert state["lm_head.weight"].shape == (40, 32)
     eagle3.export_vllm(str(trained["root"] / "ttt2_dv"), str(trained["target_dir"]), str(tmp_path / "dv"))

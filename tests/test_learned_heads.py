@@ -157,7 +157,7 @@ def test_mtp_caches_match_a_from_scratch_run_after_partial_acceptance(trained, c
 def test_draft_vocabulary_is_the_most_frequent_tokens(trained):
     from specdec.train.vocab import coverage, frequent_tokens, target_to_draft
     seqs = HiddenStates(str(trained["hidden"])).split("train", [1])
-    counts = torch.bincount(torch.cat([s.ids for s in seqs] + [s.labels[s.labels >= 0] for s in seqs]), minlength=64)
+    counts = torch.bincount(torch.cat([s.labels[s.labels >= 0] for s in seqs]), minlength=64)
     vocab = frequent_tokens(seqs, 24, 64)
     assert len(vocab) == 24 and vocab.tolist() == sorted(vocab.tolist())
     assert counts[vocab].min() >= counts[[t for t in range(64) if t not in vocab.tolist()]].max()

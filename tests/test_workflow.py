@@ -114,7 +114,7 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
     per_arm = smk(wd, "-n", "--cores", "1", "--configfile", "config.yaml", "arm.yaml", "--", "results/tables.md").stdout
     assert sorted(jobs.findall(per_arm)) == sorted(
         [f"vllm-{m}" for m in ("ngram-k5", "suffix-d8", "medusa-len4_top3_nodes10", "mtp-steps1",
-                               "draft_model-len3", "pard-len3", "eagle3-ttt3_chain2")]
+                               "draft_model-len3", "pard-len3", "eagle3-ttt5_chain2")]
         + ["vllm_specdec-ngram-k5", "vllm_specdec-suffix-d8"])
 
 
@@ -159,7 +159,7 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     assert sorted(jobs.findall(fp32)) == ["auto/chat_heldout", "auto/chat_heldout_t07", "auto/chat_overlap",
                                           "auto/wiki"]
     overlap = fp32.split("output: results/torch/auto/chat_overlap.jsonl", 1)[1].split("rule ", 1)[0]
-    assert '"variant": "ttt3_chain2"' in overlap and '"method": "hf_generate"' in overlap
+    assert '"variant": "ttt5_chain2"' in overlap and '"method": "hf_generate"' in overlap
     assert fp32.count("--require-dtype float32") == overlap.count("--require-dtype float32") == 1
     assert "--require-dtype" not in bf16
     # what is layered on the config file (a later --configfile, --config) beats the sizing

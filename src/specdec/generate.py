@@ -3,7 +3,7 @@ prompt, with the acceptance and speed of the run.
 
     from specdec.generate import Generator
     gen = Generator.load("checkpoints/smollm2-135m-instruct", "eagle3",
-                         {"checkpoint": "checkpoints/eagle3/ttt3", "draft_len": 6, "tree_topk": 3,
+                         {"checkpoint": "checkpoints/eagle3/ttt5", "draft_len": 6, "tree_topk": 3,
                           "max_tree_nodes": 10})
     result = gen.generate("Why is the sky blue?", max_new_tokens=64)
     print(result.text, result.stats["tau"], result.stats["tokens_per_s"])

@@ -164,7 +164,7 @@ VLLM_SOURCES = [
 TRAIN_SOURCES = sorted(str(p) for p in (SRC / "train").glob("*.py")) + [str(SRC / "data" / "records.py")]
 HIDDEN = "data/hidden/chat.safetensors"
 # the hidden-state cache is written by its own module (and reads records): nothing else reruns it
-HIDDEN_SOURCES = [str(SRC / "train" / "hidden.py"), str(SRC / "data" / "records.py")]
+HIDDEN_SOURCES = [str(SRC / "train" / "hidden.py"), str(SRC / "core" / "target.py"), str(SRC / "data" / "records.py")]
 
 
 def method_sources(method):

@@ -103,7 +103,7 @@ class Eagle3Drafter(nn.Module):
 class Eagle3TrainConfig:
     taps: list[int] | None = None        # target layers fused (default_taps of the target)
     ttt_steps: int = 3                   # training-time test unroll (not the inference draft_len)
-    loss_decay: float = 1.0              # weight of step s is loss_decay^s
+    loss_decay: float = 0.8              # weight of step s is loss_decay^s (SafeAILab/EAGLE's 0.8)
     draft_vocab_size: int | None = 8192  # lm_head over the N most frequent training tokens (None: all)
     train_context: int | None = 96       # prompt tokens kept before each completion (None: all)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -95,6 +96,33 @@ def _prepare(method, hidden_path: str, target_dir: str, settings: dict, overlap:
     return tcfg, target, hs, TrainData(train, heldout, overlap)
 
 
+def mixed_precision(trainee: Trainee, tcfg, device: str) -> Trainee:
+    """Train in `tcfg.dtype` with fp32 master weights: the trainable parameters are kept in fp32 (so
+    AdamW's small updates are not rounded away) and, for a bf16 run, every loss and evaluation runs
+    under autocast (matmuls in bf16, the method's frozen target parts stay in bf16)."""
+    for p in trainee.module.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    if tcfg.dtype != "bfloat16":
+        return trainee
+
+    def loss(module, idx, step):
+        with autocast(tcfg.dtype, device):
+            return trainee.loss(module, idx, step)
+
+    def evaluate(module):
+        with autocast(tcfg.dtype, device):
+            return trainee.evaluate(module)
+    return replace(trainee, loss=loss, evaluate=evaluate)
+
+
+def autocast(dtype: str, device: str):
+    """bf16 autocast for a bf16 run (matmuls in bf16 over fp32 master weights); nothing otherwise."""
+    if dtype != "bfloat16":
+        return nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
 PROBE_STEPS = 2          # timed training steps per dtype when `auto` has two candidates
 PROBE_MARGIN = 1.15      # fp32 replaces the speed dtype only when this much faster per step
 
@@ -103,7 +131,7 @@ def _seconds_per_step(method, target, data, settings: dict, tcfg, device: str) -
     """A throwaway copy of the run in tcfg.dtype: one untimed step, then the mean of PROBE_STEPS
     (forward and the loop's optimizer step) on the run's own first batches."""
     torch.manual_seed(tcfg.seed)
-    trainee = method.setup(target, data, settings, tcfg, device)
+    trainee = mixed_precision(method.setup(target, data, settings, tcfg, device), tcfg, device)
     module = trainee.module.train()
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tcfg.lr)
@@ -147,7 +175,7 @@ def train_checkpoint(method, *, hidden_path: str, target_dir: str, out_dir: str,
         tcfg = replace(tcfg, dtype=dtype)
     print(f"train dtype: {tcfg.dtype} ({requested}: {reason})", flush=True)
     torch.manual_seed(tcfg.seed)   # initialisation is part of the run: a rerun starts identically
-    trainee = method.setup(target, data, settings, tcfg, device)
+    trainee = mixed_precision(method.setup(target, data, settings, tcfg, device), tcfg, device)
 
     def loss_fn(module, step):
         return trainee.loss(module, batch_indices(step, tcfg.batch_size, trainee.examples, tcfg.seed), step)
@@ -157,8 +185,9 @@ def train_checkpoint(method, *, hidden_path: str, target_dir: str, out_dir: str,
     log = loop.train(trainee.module, loss_fn, tcfg, out_dir, run_id, desc=method.NAME, evaluate=trainee.evaluate)
     with torch.no_grad():
         eval_proxy = trainee.evaluate(trainee.module)
-    trainee.save(out_dir, {**asdict(tcfg), "dtype_requested": requested, "dtype_reason": reason,
-                           "train_records": len(data.train)}, log, eval_proxy)
+    with autocast(tcfg.dtype, device):   # a save may measure the module (Medusa's rank accuracies)
+        trainee.save(out_dir, {**asdict(tcfg), "dtype_requested": requested, "dtype_reason": reason,
+                               "master_weights": "float32", "train_records": len(data.train)}, log, eval_proxy)
     loop.finish(out_dir)
     return eval_proxy
 
@@ -171,6 +200,7 @@ def reevaluate(method, ckpt_dir: str, *, hidden_path: str, target_dir: str, sett
     if tcfg.dtype == "auto":   # the dtype the checkpoint was trained in (the choice `auto` made)
         tcfg = replace(tcfg, dtype=checkpoint_record(ckpt_dir)[1]["train"]["dtype"])
     trainee = method.setup(target, data, settings, tcfg, device)
-    module = method.load_module(ckpt_dir, target).to(device, getattr(torch, tcfg.dtype)).eval()
-    with torch.no_grad():
+    # as training evaluated it: fp32 weights, bf16 matmuls under autocast in a bf16 run
+    module = method.load_module(ckpt_dir, target).to(device, torch.float32).eval()
+    with torch.no_grad(), autocast(tcfg.dtype, device):
         return trainee.evaluate(module)

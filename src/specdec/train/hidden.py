@@ -48,8 +48,21 @@ def compute_hidden_states(model, records: list[dict], taps: list[int], batch_siz
     token is a completion token."""
     seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in records]
     plens = [len(r["prompt_ids"]) for r in records]
-    out = {layer: [None] * len(seqs) for layer in taps}
-    labels, soft = [None] * len(seqs), [None] * len(seqs)
+    offsets = [0] + torch.tensor([len(s) for s in seqs], dtype=torch.long).cumsum(0).tolist()
+    total, hidden = offsets[-1], model.config.hidden_size
+    dtype = store_dtype or next(model.parameters()).dtype
+    # every output preallocated and written in place: no per-record tensors to concatenate (which
+    # would double the peak) and no heap fragmented by them
+    tensors = {
+        "ids": torch.tensor([t for s in seqs for t in s], dtype=torch.long),
+        "offsets": torch.tensor(offsets, dtype=torch.long),
+        "prompt_len": torch.tensor(plens, dtype=torch.long),
+        "labels": torch.full((total,), IGNORE, dtype=torch.long),
+        **{f"tap{layer}": torch.empty(total, hidden, dtype=dtype) for layer in taps},
+    }
+    if soft_topk:
+        tensors["soft_ids"] = torch.full((total, soft_topk), IGNORE, dtype=torch.int32)
+        tensors["soft_logp"] = torch.full((total, soft_topk), float("-inf"))
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # similar lengths share a batch
     device = next(model.parameters()).device
     hs: dict[int, torch.Tensor] = {}
@@ -62,44 +75,23 @@ def compute_hidden_states(model, records: list[dict], taps: list[int], batch_siz
             ids = torch.zeros(len(idx), width, dtype=torch.long)
             for row, i in enumerate(idx):
                 ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
-            out_b = model.model(input_ids=ids.to(device), use_cache=False)
-            _store_batch(model, idx, seqs, plens, hs, out_b.last_hidden_state, out, labels, soft, store_dtype,
-                         soft_topk)
+            last = model.model(input_ids=ids.to(device), use_cache=False).last_hidden_state
+            for row, i in enumerate(idx):
+                o, n, a = offsets[i], len(seqs[i]), max(plens[i] - 1, 0)
+                for layer, h in hs.items():
+                    tensors[f"tap{layer}"][o:o + n] = h[row, :n]
+                # label t = argmax p(. | ids[:t + 1]) for t in [prompt_len - 1, n - 2]: the LM head
+                # only where there is a label ((n - a - 1, hidden) @ (hidden, V)), on the post-norm state
+                logits = model.lm_head(last[row, a:n - 1]).float()          # (n - a - 1, V)
+                tensors["labels"][o + a:o + n - 1] = logits.argmax(-1).cpu()
+                if soft_topk:
+                    top = torch.log_softmax(logits, -1).topk(soft_topk, dim=-1)  # log p(v | ids[:t + 1]), top K
+                    tensors["soft_ids"][o + a:o + n - 1] = top.indices.cpu().int()
+                    tensors["soft_logp"][o + a:o + n - 1] = top.values.cpu()
     finally:
         for h in hooks:
             h.remove()
-    tensors = {
-        "ids": torch.tensor([t for s in seqs for t in s], dtype=torch.long),
-        "offsets": torch.tensor([0] + list(torch.tensor([len(s) for s in seqs]).cumsum(0).tolist()), dtype=torch.long),
-        "prompt_len": torch.tensor(plens, dtype=torch.long),
-        "labels": torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long),
-    }
-    if soft_topk:
-        tensors["soft_ids"] = torch.cat([s[0] for s in soft]) if soft else torch.zeros(0, soft_topk, dtype=torch.int32)
-        tensors["soft_logp"] = torch.cat([s[1] for s in soft]) if soft else torch.zeros(0, soft_topk)
-    for layer in taps:
-        tensors[f"tap{layer}"] = torch.cat(out[layer]).contiguous()
     return tensors
-
-
-def _store_batch(model, idx, seqs, plens, hs, last_hidden, out, labels, soft, store_dtype, soft_topk) -> None:
-    """Keep each record's taps and its labels (the LM head on the final, post-norm state)."""
-    for row, i in enumerate(idx):
-        n, a = len(seqs[i]), max(plens[i] - 1, 0)
-        for layer, h in hs.items():
-            out[layer][i] = h[row, :n].to("cpu", store_dtype or h.dtype)
-        # label t = argmax p(. | ids[:t + 1]) for t in [prompt_len - 1, n - 2]: the LM head
-        # only where there is a label ((n - a - 1, hidden) @ (hidden, V))
-        lab = torch.full((n,), IGNORE, dtype=torch.long)
-        logits = model.lm_head(last_hidden[row, a:n - 1]).float()        # (n - a - 1, V)
-        lab[a:n - 1] = logits.argmax(-1).cpu()
-        labels[i] = lab
-        if soft_topk:
-            top = torch.log_softmax(logits, -1).topk(soft_topk, dim=-1)    # log p(v | ids[:t + 1]), top K
-            ids = torch.full((n, soft_topk), IGNORE, dtype=torch.int32)
-            logp = torch.full((n, soft_topk), float("-inf"))
-            ids[a:n - 1], logp[a:n - 1] = top.indices.cpu().int(), top.values.cpu()
-            soft[i] = (ids, logp)
 
 
 def write_hidden_states(target_dir: str, splits: dict[str, str], taps: list[int], out: str,

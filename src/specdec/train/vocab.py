@@ -7,12 +7,12 @@ import torch
 
 
 def frequent_tokens(seqs, size: int, vocab_size: int) -> torch.Tensor:
-    """Ascending ids of the `size` most frequent tokens over the training sequences (their
-    tokens and the target's labels; ties and unseen tokens by lower id)."""
+    """Ascending ids of the `size` most frequent of the target's labels over the training
+    sequences: what a drafter is asked to predict (prompt tokens, which it never drafts, do not
+    count; ties and unseen tokens by lower id)."""
     if not 1 <= size <= vocab_size:
         raise ValueError(f"draft vocabulary size {size} must be in 1..{vocab_size}")
-    counts = torch.bincount(torch.cat([s.ids for s in seqs] + [s.labels[s.labels >= 0] for s in seqs]),
-                            minlength=vocab_size).double()
+    counts = torch.bincount(torch.cat([s.labels[s.labels >= 0] for s in seqs]), minlength=vocab_size).double()
     counts -= torch.arange(vocab_size, dtype=torch.double) / (2 * vocab_size)  # ties: lower id first
     return counts.topk(size).indices.sort().values
 
