@@ -179,7 +179,7 @@ def setup(target, data, settings: dict, tcfg, device: str):
 
     x, y, soft = examples(data.train)
     if soft is not None:   # the top-K as draft indices
-        soft = (to_drafter(soft[0], None if vocab is None else t2d).to(device), soft[1].to(device))
+        soft = (to_drafter(soft[0], t2d).to(device), soft[1].to(device))
     heads = MedusaHeads(mcfg.num_heads, target.config.hidden_size, V, vocab)
     heads.init_from_target(target.lm_head.weight.detach())
     if not mcfg.train_lm_head:

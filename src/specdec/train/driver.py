@@ -31,11 +31,6 @@ class TrainData:
     heldout: list[Sequence]
     overlap: int          # the first `overlap` train sequences are the train-overlap eval slice
 
-    @property
-    def soft(self) -> bool:
-        """The sequences carry the target's top-K soft labels (train.soft_labels): losses distil them."""
-        return bool(self.train) and self.train[0].soft is not None
-
     def eval_splits(self) -> dict[str, list[Sequence]]:
         return {"overlap": self.train[: self.overlap], "heldout": self.heldout}
 

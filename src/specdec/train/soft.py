@@ -29,12 +29,10 @@ def soft_cross_entropy(logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tens
     return -(q * logp_draft.masked_fill(~ok, 0)).sum(-1).mean()
 
 
-def to_drafter(ids: torch.Tensor, t2d: torch.Tensor | None) -> torch.Tensor:
+def to_drafter(ids: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
     """Target token ids (-1: none) -> drafter indices through t2d (target id -> index, -1 outside
-    the drafter's vocabulary); None: the drafter's vocabulary is the target's."""
+    the drafter's vocabulary)."""
     ids = ids.long()
-    if t2d is None:
-        return ids
     return torch.where(ids >= 0, t2d.to(ids.device)[ids.clamp(min=0)], ids.new_full((), -1))
 
 
