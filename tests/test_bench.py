@@ -76,6 +76,29 @@ def test_one_job_pairs_every_method_with_one_baseline(tiny_ckpt, tmp_path):
     assert "same_run" not in out["rows"][0]
 
 
+def test_the_controls_a_null_drafter_and_an_a_a_arm(tiny_ckpt, tmp_path):
+    """The null drafter drafts on every step and is never accepted (tau 1, outputs equal); the A/A
+    arm is a second baseline with a row of its own, timed in the same rotation."""
+    prompts = [{"id": f"p{i}", "prompt": "", "prompt_ids": [5 + (i + j) % 7 for j in range(12)]} for i in range(3)]
+    write_jsonl(tmp_path / "p.jsonl", prompts)
+    # the tiny target's greedy output never holds token 0 on these prompts (checked below)
+    out = bench_torch(target_dir=str(tiny_ckpt), prompts_path=str(tmp_path / "p.jsonl"), dataset="wiki",
+                      arms=[{"method": "null_drafter", "variant": "k4", "params": {"token_id": 0, "draft_len": 4}}],
+                      max_new_tokens=16, warmup=0, dtype="float32", resamples=200, aa_control=True,
+                      out_records=str(tmp_path / "r.jsonl"), out_summary=str(tmp_path / "s.json"))
+    null, aa = out["rows"]
+    assert null["method"] == "null_drafter/k4" and aa["method"] == "baseline/aa"
+    assert null["settings"]["arms"] == aa["settings"]["arms"] == ["null_drafter/k4", "baseline", "baseline/aa"]
+    # a draft on every step but a prompt's last (one token left), 4 tokens but near the end
+    assert null["steps"] - 3 <= null["drafting_steps"] < 3 * null["drafting_steps"] < null["drafted_tokens"]
+    assert null["drafted_tokens"] <= 4 * null["drafting_steps"]
+    assert null["accepted_tokens"] == 0 and null["tau"] == 1.0
+    assert null["matches_baseline"] == aa["matches_baseline"] == 3
+    records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert all(0 not in r["output_ids"] for r in records if r["method"] == "baseline")
+    assert not aa["drafted_tokens"] and aa["speedup"] > 0 and aa["timing"] == "paired"
+
+
 def test_the_arm_order_rotates_so_each_arm_takes_each_position():
     names = ["a", "b", "c", "baseline"]
     orders = [rotated(names, i) for i in range(8)]

@@ -127,6 +127,33 @@ def test_sampled_rows_beside_the_greedy_ones(tmp_path):
     assert len(lines) == 2 and all(line.split("|")[-2].strip() == "-" for line in lines)   # no matches
 
 
+def test_failed_controls_mark_their_jobs_rows(tmp_path):
+    """A null drafter whose interval lies above 1.0, or an A/A arm whose interval excludes 1.0,
+    marks every row of its job (path, dtype, data set) and says by how much; passing controls
+    mark nothing."""
+    def job(dataset, null_ci, aa_ci):
+        return [summary("ngram/k5", "bfloat16", 1.5, dataset=dataset, requested="auto"),
+                summary("null_drafter/k1", "bfloat16", sum(null_ci) / 2, dataset=dataset, requested="auto", ci=null_ci),
+                summary("baseline/aa", "bfloat16", sum(aa_ci) / 2, dataset=dataset, requested="auto", ci=aa_ci)]
+    paths = write(tmp_path, job("chat_heldout", [0.92, 1.01], [0.97, 1.03]) + job("wiki", [1.10, 1.30], [1.02, 1.08]))
+    write_report(paths, str(tmp_path / "tables.md"), str(tmp_path / "plots"), str(tmp_path / "section.md"),
+                 out_rows=str(tmp_path / "rows.parquet"))
+    tables = (tmp_path / "tables.md").read_text()
+    failed = tables.split("**Failed controls.**")[1].split("\n## ")[0]
+    assert "- wiki, PyTorch loop, bfloat16: " in failed
+    assert "the null drafter (null_drafter/k1) read 1.20x [1.10, 1.30], above 1.0: speedups here are inflated by at " \
+           "least 10%" in failed
+    assert "the A/A arm read 1.05x [1.02, 1.08], excluding 1.0: speedups here are off by about 5%" in failed
+    assert "chat_heldout" not in failed
+    wiki = tables.split("## Extractive Wikipedia")[1].split("\n## ")[0]
+    held = tables.split("## Chat, held-out prompts")[1].split("\n## ")[0]
+    assert wiki.count("(!)") == 3 and "(!)" not in held
+    passing = write(tmp_path, job("chat_heldout", [0.92, 1.01], [0.97, 1.03]), sub="ok")
+    write_report(passing, str(tmp_path / "ok.md"), str(tmp_path / "plots"), str(tmp_path / "ok_section.md"),
+                 out_rows=str(tmp_path / "ok.parquet"))
+    assert "Failed controls" not in (tmp_path / "ok.md").read_text()
+
+
 def test_two_summaries_for_one_row_are_an_error(tmp_path):
     paths = write(tmp_path, [summary("ngram/k5", speedup=2.0), summary("ngram/k5", speedup=2.1)])
     with pytest.raises(ValueError, match="two summaries for one row"):
@@ -148,16 +175,17 @@ def test_auto_and_float32_rows_stay_apart_where_auto_is_float32(tmp_path):
 
 def test_the_overlap_probe_is_read_in_the_held_out_dtype(tmp_path):
     """The headline's train-overlap cell: the chat_overlap row in the held-out rows' dtype. On a
-    float32 host the float32 job alone serves it; on a bf16 host the fp32 lossless job never does."""
-    def overlap_cell(held_dtype):
+    float32 host the float32 job alone serves it; on a bf16 host the fp32 lossless job never does,
+    and with no overlap row in the held-out dtype the headline has no train-overlap columns."""
+    def section(held_dtype):
         paths = write(tmp_path / held_dtype, [
             summary("ngram/k5", held_dtype, 2.0, dataset="chat_heldout", requested="auto"),
             summary("ngram/k5", speedup=1.4, dataset="chat_overlap")])
         write_report(paths, str(tmp_path / "t.md"), str(tmp_path / "p"), str(tmp_path / "s.md"))
-        return (tmp_path / "s.md").read_text().split("| ngram/k5", 1)[1].split("|")[4].strip()
+        return (tmp_path / "s.md").read_text()
 
-    assert overlap_cell("float32") == "1.40x [1.26, 1.54]"
-    assert overlap_cell("bfloat16") == "-"
+    assert section("float32").split("| ngram/k5", 1)[1].split("|")[4].strip() == "1.40x [1.26, 1.54]"
+    assert "Train-overlap" not in section("bfloat16")
 
 
 def test_drift_between_two_runs(tmp_path):

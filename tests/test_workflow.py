@@ -97,6 +97,24 @@ def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
     assert '"method": "baseline"' not in default + both and "baseline.summary.json" not in default + both
 
 
+def test_the_controls_config_adds_the_null_drafter_and_a_a_arms(tmp_path):
+    """workflow/configs/controls.yaml: the null drafter's arms and a second baseline arm in the
+    held-out and wiki PyTorch jobs, and the null drafter inside vLLM, beside the default's rows."""
+    wd = copy_workflow(tmp_path)
+    out = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/controls.yaml",
+              "--", "results/tables.md").stdout
+    for dataset in ("chat_heldout", "wiki"):
+        job = out.split(f"--dataset {dataset} ")[1].split("\n")[0]
+        assert '"method": "null_drafter", "variant": "k1"' in job and '"method": "null_drafter", "variant": "k5"' in job
+        assert "--aa-control" in job and '"method": "ngram", "variant": "k5"' in job
+    overlap = out.split("--dataset chat_overlap ")[1].split("\n")[0]
+    assert "--aa-control" not in overlap and '"method": "null_drafter"' not in overlap
+    vllm = out.split("results/vllm/chat_heldout.jsonl")[1]
+    arms = json.loads(re.search(r"--arms '(\[.*?\])'", vllm).group(1))
+    nulls = [(a["method"], a["variant"], a["proposer"]) for a in arms if a["method"] == "null_drafter"]
+    assert nulls == [("null_drafter", "k5", "specdec")]
+
+
 def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
     """By default one vLLM job per prompt set (every arm there against one baseline engine);
     vllm.jobs "arm" gives each arm its own job and baseline engine, over all its data sets."""
@@ -118,15 +136,54 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
         + ["vllm_specdec-ngram-k5", "vllm_specdec-suffix-d8"])
 
 
+def test_the_ablation_undoes_each_change_in_order(tmp_path):
+    """docs/ablation.md (train.ablation): row k's checkpoint carries the `before` settings of every
+    change after k (the earliest one winning), the rows before on-policy data train on the
+    reference replies' cache, rows with equal settings share a checkpoint, and the last row is the
+    configured checkpoint. The decoding job runs each checkpoint once."""
+    wd = copy_workflow(tmp_path)
+    out = smk(wd, "-n", "-p", "--cores", "1", "docs/ablation.md").stdout
+    train = re.compile(r"specdec train --method (\w+) --hidden (\S+) .*?--settings '(\{.*?\})' "
+                       r".*?--out-dir checkpoints/\w+/(\S+)")
+    trains = {m.group(4): (m.group(1), m.group(2), json.loads(m.group(3))) for m in train.finditer(out)}
+    assert sorted(trains) == ["heads4", "heads4_ablation0", "heads4_ablation1", "heads4_ablation2",
+                              "heads4_ablation3", "ttt5", "ttt5_ablation0", "ttt5_ablation2", "ttt5_ablation3",
+                              "ttt5_ablation4"]
+    reference, on_policy = "data/ablation/hidden_reference.safetensors", "data/hidden/chat.safetensors"
+    _, hidden, s = trains["heads4_ablation0"]
+    assert hidden == reference and s["train"]["features"] == "post_norm"
+    assert not s["train"]["soft_labels"] and s["train"]["steps"] == 500
+    _, hidden, s = trains["heads4_ablation1"]
+    assert hidden == reference and "features" not in s["train"] and not s["train"]["soft_labels"]
+    assert trains["heads4_ablation2"][1] == on_policy and not trains["heads4_ablation2"][2]["train"]["soft_labels"]
+    soft = trains["heads4_ablation3"][2]["train"]
+    assert soft["soft_labels"] and soft["steps"] == 500
+    assert trains["heads4"][2]["train"]["steps"] == 750 and trains["heads4"][1] == on_policy
+    _, hidden, s = trains["ttt5_ablation0"]   # EAGLE-3 reads no tap the feature fix changed
+    assert hidden == reference and s["eagle3"]["ttt_steps"] == 3 and s["eagle3"]["loss_decay"] == 1.0
+    assert s["train"]["steps"] == 300 and not s["train"]["soft_labels"]
+    passes = trains["ttt5_ablation4"][2]
+    assert passes["eagle3"]["ttt_steps"] == 3 and passes["train"]["steps"] == 500
+    assert trains["ttt5"][2]["eagle3"]["ttt_steps"] == 5
+    rows = json.loads(re.search(r"specdec ablation --rows '(\[.*?\])'", out).group(1))
+    assert [(r["change"], r["checkpoint"]) for r in rows if r["method"] == "eagle3"] == [
+        ("baseline", "ttt5_ablation0"), ("feature fix", "ttt5_ablation0"), ("on-policy data", "ttt5_ablation2"),
+        ("soft labels", "ttt5_ablation3"), ("more passes", "ttt5_ablation4"), ("TTT depth", "ttt5")]
+    assert [r["checkpoint"] for r in rows if r["method"] == "medusa"][-2:] == ["heads4", "heads4"]
+    job = out.split("results/ablation/auto/chat_heldout.jsonl")[1]
+    arms = json.loads(re.search(r"--arms '(\[.*?\])'", job).group(1))
+    assert sorted(a["variant"] for a in arms) == sorted(trains)
+
+
 def test_a_variant_that_runs_in_no_job_is_a_config_error(tmp_path):
-    """A variant whose data sets and dtypes meet in no job (here the sweeps' train-overlap rows,
-    which run in auto, with that set narrowed to float32) stops the plan, naming it."""
+    """A variant whose data sets and dtypes meet in no job (here the sweeps' train-overlap PARD
+    rows, which run in auto, with that set narrowed to float32) stops the plan, naming it."""
     wd = copy_workflow(tmp_path)
     (wd / "narrow.yaml").write_text("bench: {datasets: {chat_overlap: {dtypes: [float32]}}}\n")
     proc = smk(wd, "-n", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml", "narrow.yaml",
                "--config", "sizing={host: bfloat16}", "--", "results/tables.md", check=False)
     assert proc.returncode != 0
-    assert re.search(r"config: methods\.hf_generate\.variants\.greedy runs in no job: it is configured on data "
+    assert re.search(r"config: methods\.pard\.variants\.len2 runs in no job: it is configured on data "
                      r"sets \['chat_overlap'\] in dtypes \['auto'\]", proc.stderr + proc.stdout)
 
 
@@ -150,18 +207,19 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     assert '"steps": 500' in bf16 and '"steps": 250' in fp32 and '"steps": 500' not in fp32   # EAGLE-3's
     assert "--sizing 'the config as written (host class bfloat16" in bf16
     assert "--sizing 'host class float32: config sizing.float32 replaces" in fp32
-    # where auto is float32, a set timed in both dtypes runs one job: the train-overlap set's
-    # float32 arms (the lossless checks, hf_generate's, EAGLE-3's chain) join its auto job, which
-    # stops where auto is not float32
     jobs = re.compile(r"output: results/torch/(\S+?)\.jsonl")
-    assert sorted(jobs.findall(bf16)) == ["auto/chat_heldout", "auto/chat_heldout_t07", "auto/chat_overlap",
-                                          "auto/wiki", "float32/chat_overlap"]
-    assert sorted(jobs.findall(fp32)) == ["auto/chat_heldout", "auto/chat_heldout_t07", "auto/chat_overlap",
-                                          "auto/wiki"]
-    overlap = fp32.split("output: results/torch/auto/chat_overlap.jsonl", 1)[1].split("rule ", 1)[0]
+    assert sorted(jobs.findall(bf16)) == sorted(jobs.findall(fp32)) == [
+        "auto/chat_heldout", "auto/wiki", "float32/chat_overlap"]
+    assert "--require-dtype" not in bf16 + fp32
+    # where auto is float32, a set timed in both dtypes (the sweeps' train-overlap set) runs one
+    # job: its float32 arms (the lossless checks, hf_generate's, EAGLE-3's chain) join its auto
+    # job, which stops where auto is not float32
+    sweeps = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml",
+                 "--config", "sizing={host: float32}", "--", "results/tables.md").stdout
+    assert "float32/chat_overlap" not in jobs.findall(sweeps) and "auto/chat_overlap" in jobs.findall(sweeps)
+    overlap = sweeps.split("output: results/torch/auto/chat_overlap.jsonl", 1)[1].split("rule ", 1)[0]
     assert '"variant": "ttt5_chain2"' in overlap and '"method": "hf_generate"' in overlap
-    assert fp32.count("--require-dtype float32") == overlap.count("--require-dtype float32") == 1
-    assert "--require-dtype" not in bf16
+    assert sweeps.count("--require-dtype float32") == overlap.count("--require-dtype float32") == 1
     # what is layered on the config file (a later --configfile, --config) beats the sizing
     (wd / "more.yaml").write_text("data: {chat: {train_prompts: 1500}}\n")
     layered = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "more.yaml",
@@ -353,7 +411,13 @@ def test_smoke_dag_end_to_end(smoke_run):
         "float32/chat_overlap.summary.json", "float32/wiki.summary.json"]
     assert sorted(p.name for p in (wd / "results" / "vllm").glob("*.summary.json")) == [
         "chat_heldout.summary.json", "chat_overlap.summary.json", "wiki.summary.json"]   # one job per prompt set
-    assert len(rows) == 47 == len(torch_rows(wd)) + sum(
+    # the negative controls in both wiki jobs: a null drafter never accepted, an A/A arm
+    for dtype in ("float32", "auto"):
+        null, aa = torch_row(wd, dtype, "wiki", "null_drafter/k1"), torch_row(wd, dtype, "wiki", "baseline/aa")
+        assert null["drafted_tokens"] > 0 and null["accepted_tokens"] == 0 and null["tau"] == 1.0
+        assert aa["timing"] == "paired" and not aa["drafted_tokens"]
+        assert null["settings"]["arms"][-1] == "baseline/aa"
+    assert len(rows) == 53 == len(torch_rows(wd)) + sum(
         len(vllm_job(wd, p)) for p in ("chat_heldout", "chat_overlap", "wiki"))
     # the Snakemake report: the plots and the rows table, with their captions
     smk(wd, "--report", "results/report.html", *SMOKE)
@@ -384,7 +448,11 @@ def test_smoke_dag_end_to_end(smoke_run):
             assert ours["matches_baseline"] is not None and ours["prompts"] == 2
         # one job per prompt set: every arm there against one baseline engine, in a rotating order
         assert ngram["settings"]["arms"] == ["baseline", "baseline/aa", "ngram/k5", "suffix/d8", "ngram/k5 (specdec)",
-                                             "suffix/d8 (specdec)"]
+                                             "suffix/d8 (specdec)", "null_drafter/k1 (specdec)"]
+        # the null drafter inside vLLM: it drafts every step, and vLLM accepts none of it
+        null = vllm_row(wd, "null_drafter/k1", mode, "wiki", proposer="specdec")
+        assert "error" not in null, null.get("error")
+        assert null["drafted_tokens"] > 0 and null["accepted_tokens"] == 0 and null["matches_baseline"] is not None
         assert ngram["settings"]["arm_order"].startswith("engine steps interleaved")   # in process
         # the A/A control: a second baseline engine, timed as an arm, decodes the same tokens
         aa = vllm_row(wd, "baseline/aa", mode, "wiki")

@@ -175,10 +175,16 @@ def cmd_bench_torch(a):
                       out_records=a.out_records, out_summary=a.out_summary, limit=a.limit,
                       max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype, device=a.device,
                       threads=a.threads, resamples=a.resamples, sampling=a.sampling,
-                      require_dtype=a.require_dtype)
+                      require_dtype=a.require_dtype, aa_control=a.aa_control)
     keys = ("method", "throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline")
     for row in out["rows"]:
         print(json.dumps({k: row.get(k) for k in keys}))
+
+
+def cmd_ablation(a):
+    from .report.ablation import write_ablation
+    frame = write_ablation(a.rows, a.summary, a.out_table, a.out_plot)
+    print(frame.to_string(index=False))
 
 
 def cmd_bench_vllm(a):
@@ -404,9 +410,19 @@ def _bench_verbs(sub) -> None:
                         ' (compare_with: a Hugging Face peer\'s arm of ours, "method/variant", in this job)')
     s.add_argument("--require-dtype", help="stop unless --dtype resolves to this on this host (a job "
                    "planned to run arms of that dtype in its auto job)")
+    s.add_argument("--aa-control", action="store_true",
+                   help="time a second baseline arm: the A/A control row (baseline/aa)")
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)
+
+    s = sub.add_parser("ablation", help="docs/ablation.md: each change to the drafters' training, its accuracy and tau")
+    s.add_argument("--rows", type=_json_list, required=True,
+                   help='JSON list of rows in order: {"change", "method", "arm": {"method", "variant", "params"}}')
+    s.add_argument("--summary", required=True, help="the bench-torch summary that decoded every row's arm")
+    s.add_argument("--out-table", required=True)
+    s.add_argument("--out-plot", required=True)
+    s.set_defaults(func=cmd_ablation)
 
     s = sub.add_parser("bench-vllm", help="every vLLM row of one prompt set: a baseline engine and one engine per arm")
     s.add_argument("--target", required=True)

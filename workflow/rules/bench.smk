@@ -29,6 +29,7 @@ rule bench_torch:
         arms=torch_job_arms,
         sampling=sampling_args,
         merged=merged_args,
+        aa=lambda wc: "--aa-control" if config["bench"]["datasets"][wc.dataset].get("aa_control") else "",
         limit=lambda wc: bench_setting(wc.dataset, wc.dtype, "prompts"),
         max_new=lambda wc: bench_setting(wc.dataset, wc.dtype, "max_new_tokens"),
         warmup=config["bench"]["warmup_prompts"],
@@ -48,5 +49,5 @@ rule bench_torch:
         "python -m specdec bench-torch --target {params.target} --prompts {input.prompts} --dataset {wildcards.dataset}"
         " --arms '{params.arms}' --limit {params.limit} --max-new-tokens {params.max_new}"
         " --warmup {params.warmup} --resamples {params.resamples} --dtype {wildcards.dtype}"
-        " --device {params.device} --threads {params.threads} {params.sampling} {params.merged}"
+        " --device {params.device} --threads {params.threads} {params.sampling} {params.merged} {params.aa}"
         " --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import update_config
 
 SRC = Path(workflow.basedir) / "src" / "specdec"
 from specdec import methods as registry  # noqa: E402  (src/ is on sys.path: the Snakefile)
@@ -35,6 +36,48 @@ def _learning_curve():
 
 
 LEARNING_CURVE = _learning_curve()
+ABLATION_HIDDEN = "data/ablation/hidden_reference.safetensors"  # the rows trained on reference replies
+
+
+def _ablation():
+    """train.ablation: one row per change, and a first row before any (the baseline). Row k trains
+    each variant's checkpoint with changes k+1.. undone: their `before` settings merged over the
+    configured ones, the earliest change's last (it restores the oldest state), and the reference
+    replies as completions where an undone change says so. A row whose settings equal the
+    configured checkpoint's is that checkpoint; rows with equal settings share one
+    (<name>_ablation<k>, added to train.checkpoints here). Returns the rows, each {change, method,
+    variant, checkpoint, reference}; none when the config has no ablation."""
+    spec = config["train"].get("ablation")
+    if spec is None:
+        return []
+    changes, rows = spec["changes"], []
+    for ref in spec["variants"]:
+        method, _, variant = ref.partition("/")
+        params = config["methods"].get(method, {}).get("variants", {}).get(variant)
+        if params is None or "checkpoint" not in params:
+            raise WorkflowError(f"config: train.ablation.variants: {ref!r} is not a configured variant with a checkpoint")
+        name = params["checkpoint"]
+        base = config["train"]["checkpoints"][method][name]
+        seen = {}
+        for k in range(len(changes) + 1):
+            settings, completions = json.loads(json.dumps(base)), config["data"]["chat"]["train_completions"]
+            for change in reversed(changes[k:]):  # the latest change first: an earlier one overrides it
+                update_config(settings, json.loads(json.dumps(change.get("before", {}).get(method, {}))))
+                completions = change.get("completions", completions)
+            reference = completions != config["data"]["chat"]["train_completions"]
+            key = json.dumps([settings, reference], sort_keys=True)
+            if settings == base and not reference:
+                ckpt = name
+            else:
+                ckpt = seen.setdefault(key, f"{name}_ablation{k}")
+                registry.check_train_settings(method, settings, f"config: train.ablation, checkpoint {method}/{ckpt}")
+                config["train"]["checkpoints"][method][ckpt] = settings
+            rows.append({"change": "baseline" if k == 0 else changes[k - 1]["name"], "method": method,
+                         "variant": variant, "checkpoint": ckpt, "reference": reference})
+    return rows
+
+
+ABLATION = _ablation()
 
 
 def sizing_note():
@@ -51,6 +94,44 @@ def sizing_note():
 
     return (f"host class {SIZED_FOR}: config sizing.{SIZED_FOR} replaces {kept(SIZING, config)} of its "
             f"values ({', '.join(SIZING)})")
+
+
+def ablation_rows(wildcards=None):
+    if not ABLATION:
+        raise WorkflowError("config: docs/ablation.md needs train.ablation (variants, prompts, max_new_tokens, changes)")
+    return ABLATION
+
+
+def ablation_checkpoints(wildcards):
+    return sorted({f"checkpoints/{r['method']}/{r['checkpoint']}/manifest.json" for r in ablation_rows()})
+
+
+def ablation_rows_json(wildcards=None):
+    """The rows for `specdec ablation`, each with its arm: the variant's decoding parameters and
+    the row's checkpoint (the arm's variant is the checkpoint's name)."""
+    out = []
+    for r in ablation_rows():
+        params = variant_params(r["method"], r["variant"])
+        params["checkpoint"] = checkpoint_dir(r["method"], r["checkpoint"])
+        out.append({**r, "arm": {"method": r["method"], "variant": r["checkpoint"], "params": params}})
+    return json.dumps(out)
+
+
+def ablation_arms(wildcards):
+    """The ablation's decoding job: one arm per distinct checkpoint (rows may share one)."""
+    arms = {json.dumps(r["arm"], sort_keys=True): r["arm"] for r in json.loads(ablation_rows_json())}
+    return json.dumps(list(arms.values()))
+
+
+def ablation_sources(wildcards):
+    return sorted({f for r in ablation_rows() for f in method_sources(r["method"])})
+
+
+def checkpoint_hidden(wildcards):
+    """The hidden-state cache a checkpoint trains on: the ablation's reference-reply rows their own."""
+    reference = any(r["reference"] for r in ABLATION
+                    if (r["method"], r["checkpoint"]) == (wildcards.method, wildcards.name))
+    return ABLATION_HIDDEN if reference else HIDDEN
 
 
 def learning_curve_checkpoints(wildcards):
@@ -303,6 +384,9 @@ def vllm_plan(engine="vllm"):
                 raise ValueError(f"config: {where}.{d}: {m!r} is not in methods")
             if method in registry.PEERS or registry.vllm_serving(method) is None:
                 raise ValueError(f"config: {where}.{d}: method {method!r} has no vLLM counterpart")
+            if engine == "vllm" and not registry.vllm_serving(method).native:
+                raise ValueError(f"config: {where}.{d}: vLLM has no {method!r} of its own: list it under "
+                                 "vllm.specdec_proposers (ours inside vLLM)")
             if engine == "vllm_specdec" and not registry.vllm_serving(method).hook:
                 raise ValueError(f"config: {where}.{d}: method {method!r} cannot run inside "
                                  "vLLM's custom proposer hook (it drafts from the target's hidden states)")

@@ -43,6 +43,25 @@ rule chat_set:
         " 2>&1 | tee {log}"
 
 
+# the ablation's rows before on-policy data: the same training prompts with their reference
+# replies (the eval sets it writes again are the chat set's own, and dropped)
+use rule chat_set as chat_set_reference with:
+    output:
+        train="data/ablation/chat_reference.jsonl",
+        overlap=temp("data/ablation/eval_overlap.jsonl"),
+        heldout=temp("data/ablation/eval_heldout.jsonl"),
+    params:
+        source=chat_source_args,
+        target=target_dir,
+        c={**CHAT, "train_completions": "reference"},
+        device=config["device"],
+        threads=config["threads"],
+    log:
+        "logs/chat_set/chat_reference.log",
+    benchmark:
+        "benchmarks/chat_set/chat_reference.tsv"
+
+
 rule wiki_set:
     input:
         wheel="data/raw/wiki.whl",

@@ -69,6 +69,61 @@ rule learning_curve:
         " --out-plot {output.plot} > {log} 2>&1"
 
 
+# `snakemake docs/ablation.md --cores 1` (opt-in): train.ablation's checkpoints, one per change to
+# the drafters' training (the reference-reply rows on a chat set and hidden-state cache of their
+# own), decoded on the held-out prompts in one bench-torch job; the table and plot go to docs/
+use rule bench_torch as ablation_bench with:
+    input:
+        target=TARGET,
+        prompts=DATASET_FILES["chat_heldout"],
+        code=CORE_SOURCES,
+        method_code=ablation_sources,
+        checkpoints=ablation_checkpoints,
+    output:
+        records="results/ablation/{dtype}/{dataset}.jsonl",
+        summary="results/ablation/{dtype}/{dataset}.summary.json",
+    params:
+        target=target_dir,
+        arms=ablation_arms,
+        sampling="",
+        merged="",
+        aa="",
+        limit=config["train"].get("ablation", {}).get("prompts"),
+        max_new=config["train"].get("ablation", {}).get("max_new_tokens"),
+        warmup=config["bench"]["warmup_prompts"],
+        resamples=config["bench"].get("bootstrap_resamples", 10000),
+        device=config["device"],
+        threads=config["threads"],
+    log:
+        "logs/ablation_bench/{dtype}-{dataset}.log",
+    benchmark:
+        "benchmarks/ablation_bench/{dtype}-{dataset}.tsv"
+
+
+rule ablation:
+    input:
+        summary="results/ablation/auto/chat_heldout.summary.json",
+        checkpoints=ablation_checkpoints,
+        code=str(SRC / "report" / "ablation.py"),
+    output:
+        table="docs/ablation.md",
+        plot="docs/ablation.png",
+    params:
+        rows=ablation_rows_json,
+    threads: rule_threads("report")
+    resources:
+        **rule_resources("report"),
+    conda:
+        CONDA_ENV
+    log:
+        "logs/ablation/ablation.log",
+    benchmark:
+        "benchmarks/ablation/ablation.tsv"
+    shell:
+        "python -m specdec ablation --rows '{params.rows}' --summary {input.summary}"
+        " --out-table {output.table} --out-plot {output.plot} > {log} 2>&1"
+
+
 # `snakemake results/drift.md --cores 1`: every benchmark job again into results/rerun/ (the
 # trained checkpoints and data are reused), then the per-row drift of the speedups
 rule drift:

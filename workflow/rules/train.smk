@@ -3,6 +3,16 @@
 # (checkpoints/<method>/<name>/, manifest.json written last).
 
 
+HIDDEN_SHELL = (
+    "python -m specdec hidden-states --target {params.target}"
+    " --split train={input.train} --split heldout={input.heldout} --taps {params.taps}"
+    " --dtype {params.h[dtype]} --store-dtype {params.h[store_dtype]} --batch-size {params.h[batch_size]}"
+    " --soft-topk {params.h[soft_topk]}"
+    " --device {params.device}"
+    " --threads {params.threads} --out {output} 2>&1 | tee {log}"
+)
+
+
 rule hidden_states:
     input:
         target=TARGET,
@@ -27,17 +37,35 @@ rule hidden_states:
     benchmark:
         "benchmarks/hidden_states/chat.tsv",
     shell:
-        "python -m specdec hidden-states --target {params.target}"
-        " --split train={input.train} --split heldout={input.heldout} --taps {params.taps}"
-        " --dtype {params.h[dtype]} --store-dtype {params.h[store_dtype]} --batch-size {params.h[batch_size]}"
-        " --soft-topk {params.h[soft_topk]}"
-        " --device {params.device}"
-        " --threads {params.threads} --out {output} 2>&1 | tee {log}"
+        HIDDEN_SHELL
+
+
+# the ablation's rows before on-policy data train on the reference replies' states (held-out: the
+# same greedy completions as every other row's), with hard labels (they come before soft labels:
+# no soft labels are stored)
+use rule hidden_states as hidden_states_reference with:
+    input:
+        target=TARGET,
+        train="data/ablation/chat_reference.jsonl",
+        heldout=DATASET_FILES["chat_heldout"],
+        code=HIDDEN_SOURCES,
+    output:
+        ABLATION_HIDDEN,
+    params:
+        target=target_dir,
+        taps=" ".join(str(t) for t in config.get("train", {}).get("hidden", {}).get("taps", [])),
+        h={**config.get("train", {}).get("hidden", {}), "soft_topk": 0},
+        device=config["device"],
+        threads=config["threads"],
+    log:
+        "logs/hidden_states/chat_reference.log",
+    benchmark:
+        "benchmarks/hidden_states/chat_reference.tsv"
 
 
 rule train_proposer:
     input:
-        hidden=HIDDEN,
+        hidden=checkpoint_hidden,
         target=TARGET,
         code=TRAIN_SOURCES,
         method_code=lambda wc: method_sources(wc.method),

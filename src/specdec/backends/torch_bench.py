@@ -16,6 +16,9 @@ listed in every row. Records and rows follow core.metrics.
 Sampled sets (T > 0): prompt i decodes with seed + i in every arm, and every arm decodes exactly
 max_new_tokens (EOS ignored), since their sampled texts differ: the wall ratio stays a ratio of
 equal work.
+`aa_control` times a second baseline arm like a method: its row (`baseline/aa`) is the job's own
+check that two identical arms measure 1.0x (the null drafter, methods/null_drafter.py, is the other
+control: verification that gains nothing).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from tqdm import tqdm
 from ..core.loop import decode
 from ..core.metrics import attach_baseline, make_record, summarize
 from ..core.sampling import Sampling
-from ..core.stats import BASELINE, arm_label, paired_bootstrap, rotated
+from ..core.stats import AA_CONTROL, BASELINE, arm_label, paired_bootstrap, rotated
 from ..core.target import TargetModel
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
@@ -83,7 +86,7 @@ def _record(p: dict, r, dataset: str, label: str) -> dict:
 def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[dict], out_records: str,
                 out_summary: str, limit: int | None = None, max_new_tokens: int = 64, warmup: int = 1,
                 dtype: str = "auto", device: str = "cpu", threads: int = 0, resamples: int = 10000,
-                sampling: dict | None = None, require_dtype: str | None = None) -> dict:
+                sampling: dict | None = None, require_dtype: str | None = None, aa_control: bool = False) -> dict:
     """Benchmark every arm ({"method", "variant", "params", "compare_with"}) against one greedy
     baseline arm, all timed in this process on the same prompts, in a rotating order. Returns and
     writes {"dataset", "rows": [one summary per arm]}. A Hugging Face peer's row also compares it
@@ -91,7 +94,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
     speed dtype (specdec.host). `sampling` (core.sampling.Sampling fields): greedy when absent or
     at temperature 0. Records of every arm go to `out_records`. `require_dtype`: stop unless
     `dtype` resolves to it here (a job planned to run that dtype's arms, the lossless checks, in
-    its auto job)."""
+    its auto job). `aa_control`: also time a second baseline arm (AA_CONTROL), with a row of its own."""
     check_arms(arms)
     set_threads(threads)
     sampled = Sampling(**(sampling or {}))
@@ -115,6 +118,9 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
     runners = {arm_label(a): _runner(model, a["method"], a.get("params") or {}, max_new_tokens, eos, sampled)
                for a in arms}
     runners[BASELINE] = _runner(model, BASELINE, {}, max_new_tokens, eos, sampled)
+    row_arms = arms + ([AA_CONTROL] if aa_control else [])
+    if aa_control:
+        runners[arm_label(AA_CONTROL)] = _runner(model, BASELINE, {}, max_new_tokens, eos, sampled)
     names = list(runners)
     warmup_tokens = min(max_new_tokens, WARMUP_TOKENS)
     for i, p in enumerate(fits[:warmup]):
@@ -136,7 +142,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
     base = records[BASELINE]
     attach_baseline(base, base)
     rows = []
-    for arm in arms:
+    for arm in row_arms:
         label = arm_label(arm)
         attach_baseline(records[label], base)
         settings = {"backend": "torch", "method": arm["method"], "variant": arm.get("variant"),

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from .. import methods
 from ..core.metrics import attach_baseline, environment, make_record, summarize
 from ..core.sampling import Sampling
-from ..core.stats import BASELINE, arm_label, rotated
+from ..core.stats import AA_CONTROL, BASELINE, arm_label, rotated
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
 
@@ -127,7 +127,6 @@ def repair_cpu_rebind() -> str | None:
 
 
 # the A/A control: a second engine of the baseline, timed as an arm
-AA_CONTROL = {"method": BASELINE, "variant": "aa"}
 AA_KEY = arm_label(AA_CONTROL)
 
 
@@ -277,6 +276,8 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
         serving = methods.vllm_serving(method)
         if serving is None:
             raise ValueError(f"{key}: method {method!r} has no vLLM counterpart")
+        if arm.get("proposer", "vllm") == "vllm" and not serving.native:
+            raise ValueError(f"{key}: vLLM has no {method!r} of its own: run ours inside vLLM (proposer specdec)")
         model_dir = arm.get("export") if serving.export == "model" else None
         if arm.get("proposer", "vllm") == "specdec":
             from .vllm_hook import speculative_config

@@ -20,6 +20,8 @@ LEVEL = 0.95
 
 
 BASELINE = "baseline"   # the arm every method of a job is timed against
+# the A/A control: a second baseline arm, timed as a method; its row must read 1.0x
+AA_CONTROL = {"method": BASELINE, "variant": "aa"}
 
 
 def arm_label(arm: dict) -> str:

@@ -3,6 +3,8 @@
     NAME            its registry name
     PARAMS          the dataclass of a variant's parameters (config.yaml methods.<name>.variants)
     build(params, target) -> Proposer
+    CONTROL         (optional) True for a negative control (the null drafter): drafts that are
+                    never meant to be accepted
     EXAMPLE         {"params": a small variant, "train": (learned) its training settings,
                     "vllm_params": (optional) the variant vLLM serves}: the contract tests' and
                     the docs' example
@@ -35,6 +37,7 @@ METHODS = {
     "draft_model": "specdec.methods.draft_model",
     "pard": "specdec.methods.pard",
     "eagle3": "specdec.methods.eagle3",
+    "null_drafter": "specdec.methods.null_drafter",   # the negative control: drafts the target never accepts
 }
 # Hugging Face peers -> the method whose checkpoints they load (None: no checkpoint)
 PEERS = {"hf_generate": None, "hf_prompt_lookup": None, "hf_assisted": "draft_model"}
@@ -53,6 +56,7 @@ class VllmServing:
     export: str | None = None
     tree: bool = False   # vLLM drafts a tree of up to num_speculative_tokens nodes, not a chain
     hook: bool = False   # our proposer also runs inside vLLM (backends/vllm_hook.py: token ids only)
+    native: bool = True  # vLLM has an implementation of its own (False: ours runs, through the hook only)
 
 
 def names() -> list[str]:
@@ -67,6 +71,10 @@ def module(name: str):
 
 def is_learned(name: str) -> bool:
     return hasattr(module(name), "setup")
+
+
+def is_control(name: str) -> bool:
+    return getattr(module(name), "CONTROL", False)
 
 
 def vllm_serving(name: str) -> VllmServing | None:

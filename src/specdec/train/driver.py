@@ -88,7 +88,23 @@ def _prepare(method, hidden_path: str, target_dir: str, settings: dict, overlap:
     taps = method.hidden_taps(target.config, settings)
     soft = tcfg.soft_labels
     train, heldout = hs.split("train", taps, tcfg.records, soft), hs.split("heldout", taps, soft=soft)
+    if tcfg.features == "post_norm":
+        post_norm_last_tap(train + heldout, target)
+    elif tcfg.features != "pre_norm":
+        raise ValueError(f"train.features: {tcfg.features!r} is not one of pre_norm, post_norm")
     return tcfg, target, hs, TrainData(train, heldout, overlap)
+
+
+@torch.no_grad()
+def post_norm_last_tap(seqs: list[Sequence], target) -> None:
+    """Replace tap num_layers by norm(tap), the target's final norm applied (in fp32, stored back in
+    the cache's dtype): the features the cache held before the feature fix, which the decoding loop
+    never serves. The ablation's "before" rows train on them (docs/ablation.md)."""
+    last, norm = target.config.num_hidden_layers, target.model.norm
+    for s in seqs:
+        if last in s.taps:
+            h = s.taps[last]                          # (n, hidden), a view of the mapped file
+            s.taps[last] = norm(h.float()).to(h.dtype)
 
 
 def mixed_precision(trainee: Trainee, tcfg, device: str) -> Trainee:

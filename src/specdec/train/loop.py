@@ -37,6 +37,10 @@ class TrainConfig:
     records: int | None = None  # train on the first N training records (None: all)
     seed: int = 0
     soft_labels: bool = False   # distil the target's top-K distribution (train/soft.py; the cache's soft_topk)
+    # tap num_layers as training reads it: "pre_norm", the state the decoding loop and vLLM serve
+    # (core.target); "post_norm", after the target's final norm, as the cache stored it before the
+    # feature fix (train and serve differ: only for the ablation, docs/ablation.md)
+    features: str = "pre_norm"
     dtype: str = "float32"    # parameter/compute dtype; "auto": the driver times the candidates (driver.choose_dtype)
 
 
