@@ -295,7 +295,7 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
         running[jobid] = rule
         benchmarks += bench
         most = max(most, len(running))
-    assert benchmarks == 8 and most == 2 and not running   # 5 PyTorch jobs, 3 vLLM jobs (47 rows)
+    assert benchmarks == 8 and most == 2 and not running   # 5 PyTorch jobs, 3 vLLM jobs (53 rows)
 
 
 # Debian's chromium, headless, on a machine whose network is closed (no background connections)
@@ -336,7 +336,7 @@ def test_report_shows_its_plots_and_tables_in_headless_chromium(smoke_run, tmp_p
         frame = page.frame_locator("iframe")
         frame.locator("tbody tr").first.wait_for()
         assert frame.locator("th", has_text=re.compile("^speedup$")).count() == 1
-        assert frame.locator("tbody tr").count() == 47
+        assert frame.locator("tbody tr").count() == 53
         page.screenshot(path=str(tmp_path / "report-rows.png"))
         browser.close()
 
@@ -368,7 +368,7 @@ def test_smoke_dag_through_a_cluster_executor(tmp_path):
     wd = copy_workflow(tmp_path)
     smk(wd, "results/tables.md", "--profile", "workflow/profiles/local-cluster", *SMOKE)
     rows = pd.read_parquet(wd / "results" / "rows.parquet")
-    assert len(rows) == 47 and "error" not in rows   # no row carries vLLM's refusal
+    assert len(rows) == 53 and "error" not in rows   # no row carries vLLM's refusal
     assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
 
 
