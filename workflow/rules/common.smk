@@ -106,20 +106,22 @@ def ablation_checkpoints(wildcards):
     return sorted({f"checkpoints/{r['method']}/{r['checkpoint']}/manifest.json" for r in ablation_rows()})
 
 
+def _ablation_arm(row):
+    """A row's arm: the variant's decoding parameters with the row's checkpoint (the arm's variant
+    is the checkpoint's name)."""
+    params = variant_params(row["method"], row["variant"])
+    params["checkpoint"] = checkpoint_dir(row["method"], row["checkpoint"])
+    return {"method": row["method"], "variant": row["checkpoint"], "params": params}
+
+
 def ablation_rows_json(wildcards=None):
-    """The rows for `specdec ablation`, each with its arm: the variant's decoding parameters and
-    the row's checkpoint (the arm's variant is the checkpoint's name)."""
-    out = []
-    for r in ablation_rows():
-        params = variant_params(r["method"], r["variant"])
-        params["checkpoint"] = checkpoint_dir(r["method"], r["checkpoint"])
-        out.append({**r, "arm": {"method": r["method"], "variant": r["checkpoint"], "params": params}})
-    return json.dumps(out)
+    """The rows for `specdec ablation`, each with its arm."""
+    return json.dumps([{**r, "arm": _ablation_arm(r)} for r in ablation_rows()])
 
 
 def ablation_arms(wildcards):
     """The ablation's decoding job: one arm per distinct checkpoint (rows may share one)."""
-    arms = {json.dumps(r["arm"], sort_keys=True): r["arm"] for r in json.loads(ablation_rows_json())}
+    arms = {(r["method"], r["checkpoint"]): _ablation_arm(r) for r in ablation_rows()}
     return json.dumps(list(arms.values()))
 
 

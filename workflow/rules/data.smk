@@ -50,12 +50,8 @@ use rule chat_set as chat_set_reference with:
         train="data/ablation/chat_reference.jsonl",
         overlap=temp("data/ablation/eval_overlap.jsonl"),
         heldout=temp("data/ablation/eval_heldout.jsonl"),
-    params:
-        source=chat_source_args,
-        target=target_dir,
+    params:   # merged into chat_set's params by keyword
         c={**CHAT, "train_completions": "reference"},
-        device=config["device"],
-        threads=config["threads"],
     log:
         "logs/chat_set/chat_reference.log",
     benchmark:

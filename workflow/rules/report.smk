@@ -82,18 +82,13 @@ use rule bench_torch as ablation_bench with:
     output:
         records="results/ablation/{dtype}/{dataset}.jsonl",
         summary="results/ablation/{dtype}/{dataset}.summary.json",
-    params:
-        target=target_dir,
+    params:   # merged into bench_torch's params by keyword
         arms=ablation_arms,
         sampling="",
         merged="",
         aa="",
         limit=config["train"].get("ablation", {}).get("prompts"),
         max_new=config["train"].get("ablation", {}).get("max_new_tokens"),
-        warmup=config["bench"]["warmup_prompts"],
-        resamples=config["bench"].get("bootstrap_resamples", 10000),
-        device=config["device"],
-        threads=config["threads"],
     log:
         "logs/ablation_bench/{dtype}-{dataset}.log",
     benchmark:

@@ -3,16 +3,6 @@
 # (checkpoints/<method>/<name>/, manifest.json written last).
 
 
-HIDDEN_SHELL = (
-    "python -m specdec hidden-states --target {params.target}"
-    " --split train={input.train} --split heldout={input.heldout} --taps {params.taps}"
-    " --dtype {params.h[dtype]} --store-dtype {params.h[store_dtype]} --batch-size {params.h[batch_size]}"
-    " --soft-topk {params.h[soft_topk]}"
-    " --device {params.device}"
-    " --threads {params.threads} --out {output} 2>&1 | tee {log}"
-)
-
-
 rule hidden_states:
     input:
         target=TARGET,
@@ -37,7 +27,12 @@ rule hidden_states:
     benchmark:
         "benchmarks/hidden_states/chat.tsv",
     shell:
-        HIDDEN_SHELL
+        "python -m specdec hidden-states --target {params.target}"
+        " --split train={input.train} --split heldout={input.heldout} --taps {params.taps}"
+        " --dtype {params.h[dtype]} --store-dtype {params.h[store_dtype]} --batch-size {params.h[batch_size]}"
+        " --soft-topk {params.h[soft_topk]}"
+        " --device {params.device}"
+        " --threads {params.threads} --out {output} 2>&1 | tee {log}"
 
 
 # the ablation's rows before on-policy data train on the reference replies' states (held-out: the
@@ -51,12 +46,8 @@ use rule hidden_states as hidden_states_reference with:
         code=HIDDEN_SOURCES,
     output:
         ABLATION_HIDDEN,
-    params:
-        target=target_dir,
-        taps=" ".join(str(t) for t in config.get("train", {}).get("hidden", {}).get("taps", [])),
+    params:   # merged into hidden_states' params by keyword
         h={**config.get("train", {}).get("hidden", {}), "soft_topk": 0},
-        device=config["device"],
-        threads=config["threads"],
     log:
         "logs/hidden_states/chat_reference.log",
     benchmark:
