@@ -77,3 +77,33 @@ def test_hidden_taps_match_output_hidden_states(tiny_model):
         assert torch.allclose(hidden[layer], ref[layer][0], atol=1e-6)
     # the last entry of HF's hidden_states is after the final norm; our tap 3 is before it
     assert torch.allclose(tiny_model.model.norm(hidden[3]), ref[3][0], atol=1e-5)
+
+
+def test_prepacked_bf16_linears_give_bit_identical_logits(tiny_model):
+    """pack_linears routes bf16 CPU linears through oneDNN with prepacked weights: the prefill, a
+    chain and a tree forward give exactly the logits of the unpacked model; other dtypes keep aten."""
+    import copy
+
+    from specdec.core.target import linear_route, pack_linears
+
+    assert pack_linears(copy.deepcopy(tiny_model)) == "aten"          # fp32: untouched
+    plain = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    packed_model = copy.deepcopy(plain)
+    packed, ref = TargetModel(packed_model), TargetModel(plain, pack=False)
+    if not torch.backends.mkldnn.is_available():
+        assert packed.linear_route == "aten"
+        return
+    assert packed.linear_route == linear_route(packed_model) == "onednn_prepacked" and ref.linear_route == "aten"
+    prompt = [5, 9, 3, 17, 22, 8, 40, 11]
+    for t in (packed, ref):
+        t.prefill(prompt)
+    outs = []
+    for t in (packed, ref):
+        chain, _ = t.forward([12, 13, 14, 15])
+        t.commit([0, 1])
+        tree, _ = t.forward([30, 31, 32, 33, 34], [-1, 0, 0, 1, 2])
+        t.commit([0, 2, 4])
+        last, _ = t.prefill(prompt + [1, 2, 3])
+        outs.append((chain, tree, last))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

@@ -28,7 +28,7 @@ from ..core.loop import decode
 from ..core.metrics import attach_baseline, make_record, summarize
 from ..core.sampling import Sampling
 from ..core.stats import AA_CONTROL, BASELINE, arm_label, paired_bootstrap, rotated
-from ..core.target import TargetModel
+from ..core.target import TargetModel, linear_route
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
 from ..methods import build_proposer
@@ -149,6 +149,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
                     "params": arm.get("params") or {}, **dt, "device": device, "max_new_tokens": max_new_tokens,
                     "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
                     "prompts_file": str(prompts_path), "target": str(target_dir), "limit": limit,
+                    "linear_route": linear_route(model),   # core.target.pack_linears: every arm's
                     "arms": names, "arm_order": "rotated by one per prompt",
                     "compare_with": arm.get("compare_with"),
                     "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}

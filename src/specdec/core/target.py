@@ -72,6 +72,39 @@ class PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
 
 
+def _packed_linear(self, x: torch.Tensor) -> torch.Tensor:
+    # the same oneDNN bf16 matmul F.linear runs, on a weight reordered into oneDNN's blocked
+    # layout once, at packing, instead of on every call
+    return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def pack_linears(model) -> str:
+    """Route the bf16 nn.Linear layers of a CPU model through oneDNN with prepacked weights, in
+    place (the modeling code is untouched: each layer's forward is rebound). F.linear on a bf16 CPU
+    tensor reorders the weight into oneDNN's layout on every call, which costs about as much as the
+    matmul itself when one token reads the whole weight; prepacked, a decode step reads each weight
+    once. Outputs are bit-identical (tests/test_target.py). The weights must not change afterwards
+    (inference only). Returns the route the model's linears take: "onednn_prepacked" or "aten"
+    (not bf16, not the CPU, or no oneDNN in this torch build)."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    if not linears or not all(m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu" for m in linears):
+        return "aten"
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return "aten"
+    for m in linears:
+        if not hasattr(m, "packed_weight"):
+            # the batch-size hint: one row, a decode step
+            m.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1)
+            m.forward = _packed_linear.__get__(m)
+    return "onednn_prepacked"
+
+
+def linear_route(model) -> str:
+    """"onednn_prepacked" once pack_linears has packed the model, else "aten"."""
+    packed = any(hasattr(m, "packed_weight") for m in model.modules() if type(m) is torch.nn.Linear)
+    return "onednn_prepacked" if packed else "aten"
+
+
 def tap_module(model, layer: int) -> torch.nn.Module:
     """The module whose output is tap `layer` of a transformers causal LM (see the module doc)."""
     n = model.config.num_hidden_layers
@@ -108,11 +141,15 @@ def new_cache(config) -> DynamicCache:
 
 
 class TargetModel:
-    def __init__(self, model):
+    def __init__(self, model, pack: bool = True):
+        """pack: route the model's bf16 CPU linears through prepacked oneDNN weights (pack_linears;
+        in place, so every TargetModel on the same model shares the route); `linear_route` says
+        which route its linears take."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.config = model.config
+        self.linear_route = pack_linears(model) if pack else linear_route(model)
         self.cache: DynamicCache | None = None
         self.cached = 0      # committed tokens in the cache
         self.pending = 0     # nodes of the last forward, not yet committed
