@@ -289,13 +289,14 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
         if kind == "end":
             running.pop(jobid)
             continue
-        bench = rule.startswith("bench_")
-        assert not any(r.startswith("bench_") for r in running.values()), (rule, running)
+        bench = rule.startswith("bench_") or rule == "cost_curve"   # the timed jobs
+        assert not any(r.startswith("bench_") or r == "cost_curve" for r in running.values()), (rule, running)
         assert not (bench and running), (rule, running)
         running[jobid] = rule
         benchmarks += bench
         most = max(most, len(running))
-    assert benchmarks == 8 and most == 2 and not running   # 5 PyTorch jobs, 3 vLLM jobs (53 rows)
+    # 5 PyTorch jobs, 3 vLLM jobs (53 rows), the cost curve
+    assert benchmarks == 9 and most == 2 and not running
 
 
 # Debian's chromium, headless, on a machine whose network is closed (no background connections)
@@ -419,6 +420,15 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert null["settings"]["arms"][-1] == "baseline/aa"
     assert len(rows) == 53 == len(torch_rows(wd)) + sum(
         len(vllm_job(wd, p)) for p in ("chat_heldout", "chat_overlap", "wiki"))
+    # the cost curve at every PyTorch set's context, and every PyTorch row of ours checked against it
+    curve = json.loads((wd / "results" / "costs" / "cost_curve.json").read_text())
+    assert {(p["dtype"], p["dataset"]) for p in curve["points"]} >= {
+        ("float32", ds) for ds in ("chat_heldout", "chat_overlap", "wiki", "chat_heldout_t07")}
+    assert curve["memory_read_gb_s"] > 0 and "float32" in [f["dtype"] for f in curve["floors"]]
+    ours = rows[(rows["backend"] == "torch") & ~rows["method"].str.startswith("hf_")]
+    assert ours["predicted_decode_speedup"].notna().all() and ours["cost_account"].notna().all()
+    assert "Decode speedup / predicted" in tables and (wd / "results" / "cost_curve.md").exists()
+    assert all(r["environment"]["memory_read_gb_s"] > 0 for r in torch_rows(wd))
     # the Snakemake report: the plots and the rows table, with their captions
     smk(wd, "--report", "results/report.html", *SMOKE)
     html = (wd / "results" / "report.html").read_text()

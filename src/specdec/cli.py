@@ -181,6 +181,19 @@ def cmd_bench_torch(a):
         print(json.dumps({k: row.get(k) for k in keys}))
 
 
+def cmd_cost_curve(a):
+    from .backends.cost_curve import cost_curve
+    out = cost_curve(target_dir=a.target, sets=a.sets, dtypes=a.dtypes, out=a.out, device=a.device,
+                     threads=a.threads, repeats=a.repeats, warmup=a.warmup)
+    print(f"memory read bandwidth {out['memory_read_gb_s']:.1f} GB/s; contexts {out['contexts']}")
+    for f in out["floors"]:
+        print(f"{f['dtype']}: {f['weight_bytes'] / 1e6:.0f} MB of weights, weight-read floor "
+              f"{f['weight_read_floor_ms']:.1f} ms per step")
+    for p in out["points"]:
+        print(f"{p['dtype']} {p['dataset']} {p['shape']} {p['nodes']:>2}: {p['ms']:.1f} ms = "
+              f"{p['plain_steps']:.2f} plain steps")
+
+
 def cmd_ablation(a):
     from .report.ablation import write_ablation
     frame = write_ablation(a.rows, a.summary, a.out_table, a.out_plot)
@@ -268,7 +281,8 @@ def cmd_generate(a):
 def cmd_report(a):
     from .report.tables import write_report
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.checkpoints,
-                 out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html, sizing=a.sizing)
+                 out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html, sizing=a.sizing,
+                 cost_curve=a.cost_curve, out_cost_table=a.out_cost_table)
 
 
 def cmd_learning_curve(a):
@@ -416,6 +430,19 @@ def _bench_verbs(sub) -> None:
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)
 
+    s = sub.add_parser("cost-curve", help="the host's cost curve: a verification step of 1 to 16 nodes, "
+                       "chain and tree, at each benchmark set's context, per dtype")
+    s.add_argument("--target", required=True)
+    s.add_argument("--sets", type=_json, required=True,
+                   help='JSON {set: {"prompts": path, "limit": n or null, "max_new_tokens": n}}: the '
+                        "benchmark settings whose average context the curve is timed at")
+    s.add_argument("--dtypes", nargs="+", required=True, help="auto is this host's speed dtype")
+    s.add_argument("--repeats", type=int, default=10, help="timings per cell (the median is kept)")
+    s.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    _device_args(s, dtype=None)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_cost_curve)
+
     s = sub.add_parser("ablation", help="docs/ablation.md: each change to the drafters' training, its accuracy and tau")
     s.add_argument("--rows", type=_json_list, required=True,
                    help='JSON list of rows in order: {"change", "method", "arm": {"method", "variant", "params"}}')
@@ -459,6 +486,9 @@ def _report_verbs(sub) -> None:
     s.add_argument("--readme-section", required=True)
     s.add_argument("--checkpoints", nargs="*", default=[], help="trained proposers' checkpoint directories")
     s.add_argument("--sizing", help="the DAG's size for this host class (config `sizing`), one line for the tables")
+    s.add_argument("--cost-curve", help="the host's cost curve (cost-curve's JSON): every PyTorch row's "
+                   "speedup is checked against it")
+    s.add_argument("--out-cost-table", help="the cost curve as a table, with the drafters' step costs")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("learning-curve", help="one proposer's held-out accuracy against training-set size")

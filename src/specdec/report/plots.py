@@ -109,3 +109,26 @@ def plot_learning_curve(curve: pd.DataFrame, out_path: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+def plot_cost_curve(curve: pd.DataFrame, out_path: str) -> str:
+    """A verification step of n nodes in plain steps, one panel per dtype, a line per (set, shape)."""
+    path = Path(out_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dtypes = list(dict.fromkeys(curve["dtype"]))
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(5 * len(dtypes), 4), squeeze=False, sharey=True)
+    for ax, dtype in zip(axes[0], dtypes):
+        for (ds, shape), cell in curve[curve["dtype"] == dtype].groupby(["dataset", "shape"], sort=False):
+            cell = cell.sort_values("nodes")
+            label = f"{ds}, {shape} (context {int(cell['context'].iloc[0])})"
+            ax.plot(cell["nodes"], cell["plain_steps"], marker="o" if shape == "chain" else "s",
+                    ls="-" if shape == "chain" else "--", label=label)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel("nodes per verification step (pending token + drafts)")
+        ax.set_title(dtype, fontsize=10)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("cost in plain decoding steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from .. import methods
-from ..data.records import atomic_path, write_text
+from ..data.records import atomic_path, read_json, write_text
+from .costcheck import TOLERANCE, check_costs, curve_frame
 from .rows import HEADLINE, rows_frame, write_rows
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -44,6 +45,31 @@ def speedup_cell(r) -> str:
     if pd.isna(r.get("ci_low")):
         return f"{r['speedup']:.2f}x{mark}"
     return f"{r['speedup']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]{mark}"
+
+
+def cost_cell(r) -> str:
+    """Measured decode speedup / what the row's costs predict (report.costcheck), "unexplained"
+    where they differ by more than TOLERANCE."""
+    if pd.isna(r.get("predicted_decode_speedup")):
+        return "-"
+    mark = ", unexplained" if isinstance(r.get("_cost"), str) else ""
+    return f"{r['decode_speedup']:.2f}x / {r['predicted_decode_speedup']:.2f}x{mark}"
+
+
+def cost_flag_lines(frame: pd.DataFrame) -> list[str]:
+    """The rows whose measured speedup their costs do not explain, each with why."""
+    if "_cost" not in frame:
+        return []
+    flagged = frame[frame["_cost"].map(lambda x: isinstance(x, str))]
+    if not len(flagged):
+        return []
+    lines = [f"**Speedups their costs do not explain.** Each PyTorch row's decode speedup is predicted from its "
+             f"own tokens per step and drafting time and the host's cost curve of verification "
+             f"(`results/cost_curve.md`); these differ from it by more than {100 * TOLERANCE:.0f}% and are not "
+             "results until explained:", ""]
+    lines += [f"- {r['dataset']}, {path_name(r)}, {dtype_name(r)}, {r['label']}: {r['_cost']}."
+              for _, r in flagged.iterrows()]
+    return lines + [""]
 
 
 def _is_null_drafter(method: str) -> bool:
@@ -151,6 +177,7 @@ ROW_COLUMNS = {
     "Tau": lambda r: _num(r.get("tau"), ".2f"),
     "Draft / target ms per step": lambda r: "-" if pd.isna(r.get("draft_ms_per_step"))
     else f"{r['draft_ms_per_step']:.1f} / {r['target_ms_per_step']:.1f}",
+    "Decode speedup / predicted": cost_cell,
     "Baseline tok/s": lambda r: _num(r.get("baseline_throughput_tok_s"), ".1f"),
     "Method tok/s": lambda r: _num(r.get("throughput_tok_s"), ".1f"),
     "Matches baseline": matches_cell,
@@ -214,6 +241,7 @@ def headline(frame: pd.DataFrame) -> str:
             "Held-out acceptance": _num(100 * h["acceptance_rate"], ".0f") + "%"
             if pd.notna(h.get("acceptance_rate")) else "-",
             "Held-out tau": _num(h.get("tau"), ".2f"),
+            **({"Decode speedup / its costs predict": cost_cell(h)} if "predicted_decode_speedup" in held else {}),
             **at_t,
             **({"vLLM held-out speedup, serial / batched": " / ".join(
                 vllm_cell(vllm_held[(vllm_held["method"] == h["method"]) & (vllm_held["mode"] == mode)])
@@ -264,6 +292,7 @@ def render_tables(frame: pd.DataFrame, sizing: str | None = None) -> str:
         lines += ["**Failed controls.** Speedups marked (!) come from a job whose negative control failed; read "
                   "them with the margin its control shows:", ""]
         lines += [f"- {ds}, {path}, {dtype}: {why}." for (path, dtype, ds), why in flags.items()] + [""]
+    lines += cost_flag_lines(frame)
     head = headline(frame)
     if head:
         lines += ["## Headline: chat held-out, PyTorch loop, speed dtype", "", head, ""]
@@ -373,6 +402,22 @@ def render_checkpoints(ckpt_dirs) -> str:
                       "chat prompts.", "", pd.DataFrame(rows).to_markdown(index=False), ""])
 
 
+def cost_account_lines(frame: pd.DataFrame) -> list[str]:
+    """Each headline method's figure in one line (report.costcheck): what drafting costs, what
+    verification costs, what its tokens per step buy; then a blank line."""
+    if "cost_account" not in frame:
+        return []
+    held = frame[frame["headline"] & frame["cost_account"].notna()].sort_values("speedup", ascending=False)
+    if not len(held):
+        return []
+    lines = ["What each held-out figure is made of, in plain decoding steps of the baseline (the host's cost "
+             "curve: [`results/cost_curve.md`](results/cost_curve.md)):", ""]
+    unexplained = " (unexplained: see the tables)"
+    lines += [f"- {r['label']}: {r['cost_account']}{unexplained if isinstance(r.get('_cost'), str) else ''}."
+              for _, r in held.iterrows()]
+    return lines + [""]
+
+
 def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | None, sizing: str | None = None) -> str:
     """The README's results: the host, the headline table (one row per method), where the rest is."""
     sampled = frame[(frame["backend"] == "torch") & (frame["temperature"] > 0)]
@@ -383,7 +428,8 @@ def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | Non
     head = headline(frame)
     overlap_note = ("Train-overlap: prompts whose completions the learned drafters were trained on (the reference "
                     "system's best-case probe). ") if "Train-overlap" in head else ""
-    lines = [*host_lines(frame, sizing), "", head, "",
+    accounts = cost_account_lines(frame)
+    lines = [*host_lines(frame, sizing), "", head, "", *accounts,
              "Held-out: the PyTorch loop, the host's speed dtype, prompts no drafter saw in training. "
              + sampled_note + overlap_note +
              "Speedups are paired with the baseline in one process, with 95% "
@@ -414,13 +460,23 @@ def rows_html(frame: pd.DataFrame) -> str:
 
 def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section: str,
                  checkpoint_configs=(), out_rows: str | None = None, out_csv: str | None = None,
-                 out_html: str | None = None, sizing: str | None = None) -> None:
+                 out_html: str | None = None, sizing: str | None = None, cost_curve: str | None = None,
+                 out_cost_table: str | None = None) -> None:
     """The tables, the plots, the tidy rows and the README's results section (its links relative
     to the working directory, where README.md is; `specdec publish` copies it into the README).
-    `sizing`: the DAG's size for the host class that planned it, a line under the host's."""
-    from .plots import plot_all
+    `sizing`: the DAG's size for the host class that planned it, a line under the host's.
+    `cost_curve`: the host's cost curve, against which every PyTorch row's speedup is checked
+    (report.costcheck); `out_cost_table` renders it, with its plot in plots_dir."""
+    from .plots import plot_all, plot_cost_curve
 
     frame = rows_frame(summary_paths)
+    if cost_curve:
+        curve = curve_frame(cost_curve)
+        frame = check_costs(frame, curve)
+        if out_cost_table:
+            plot = plot_cost_curve(curve, os.path.join(plots_dir, "cost_curve.png"))
+            rel = os.path.relpath(plot, os.path.dirname(os.path.abspath(out_cost_table)))
+            write_text(out_cost_table, render_cost_curve(read_json(cost_curve), frame) + f"\n![cost curve]({rel})\n")
     if out_rows:
         write_rows(frame, out_rows)
     if out_csv:   # the rows a reader compares, for the Snakemake report
@@ -438,3 +494,54 @@ def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section:
                                     None if speedup_plot is None else os.path.relpath(speedup_plot), sizing)
     write_text(out_tables, tables + "\n")
     write_text(readme_section, section + "\n")
+
+
+def render_cost_curve(curve: dict, frame: pd.DataFrame) -> str:
+    """results/cost_curve.md: the host, its bandwidth and weight-read floor per dtype, the
+    verification step of n nodes per (dtype, set) in ms and in plain steps, and each PyTorch
+    row's drafting cost measured in its job."""
+    host = curve["host"]
+    lines = ["# The host's cost curve", "",
+             "Generated by `snakemake results/tables.md` (job `cost_curve`, `src/specdec/backends/cost_curve.py`). "
+             "A verification step of n nodes is the pending token and n - 1 draft tokens, run through the "
+             "decoding loop's own step (target forward, verifier, KV commit), as a chain or as a binary tree; "
+             "n = 1 is the baseline's plain step. Each cell is the median of "
+             f"{curve['repeats']} timings, the sizes interleaved, at the set's context (mean prompt + half the "
+             "decode). Plain steps = the cell / n = 1 of the same dtype and set: what the report's speedup "
+             "check (`src/specdec/report/costcheck.py`) reads.", "",
+             f"Host: {host['cpu_model']}, ISA {host['isa']}, native bf16 matmuls: "
+             f"{'yes' if host['native_bf16'] else 'no'}; {curve['torch_threads']} torch threads; memory read "
+             f"bandwidth {curve['memory_read_gb_s']:.1f} GB/s.", ""]
+    for f in curve["floors"]:
+        lines.append(f"- {f['dtype']}: {f['weight_bytes'] / 1e6:.0f} MB of weights, so no step is faster than "
+                     f"{f['weight_read_floor_ms']:.1f} ms (the weight-read floor).")
+    lines.append("")
+    points = pd.DataFrame(curve["points"])
+    for (dtype, ds), cell in points.groupby(["dtype", "dataset"], sort=False):
+        wide = cell.pivot_table(index="nodes", columns="shape", values=["ms", "plain_steps"])
+        out = pd.DataFrame({"Nodes": wide.index})
+        for shape in ("chain", "tree"):
+            if ("ms", shape) in wide:
+                out[f"{shape} ms"] = [_num(x, ".1f") for x in wide[("ms", shape)]]
+                out[f"{shape} plain steps"] = [_num(x, ".2f") for x in wide[("plain_steps", shape)]]
+        floor = next((f["weight_read_floor_ms"] for f in curve["floors"] if f["dtype"] == dtype), None)
+        plain = cell[(cell["shape"] == "chain") & (cell["nodes"] == 1)]["ms"].iloc[0]
+        lines += [f"## {dtype}, {ds} (context {int(cell['context'].iloc[0])} tokens)", "",
+                  f"Plain step {plain:.1f} ms" + (f", {plain / floor:.1f}x the weight-read floor." if floor else "."),
+                  "", out.to_markdown(index=False, disable_numparse=True), ""]
+    costs = frame[frame.get("draft_cost", pd.Series(index=frame.index)).notna()] if "draft_cost" in frame else frame[:0]
+    if len(costs):
+        shown = pd.DataFrame({
+            "Set": costs["dataset"], "Dtype": [dtype_name(r) for _, r in costs.iterrows()], "Method": costs["label"],
+            "Draft": [ROW_COLUMNS["Draft"](r) for _, r in costs.iterrows()],
+            "Draft ms per step": [_num(x, ".1f") for x in costs["draft_ms_per_step"]],
+            "Drafting, plain steps": [_num(x, ".2f") for x in costs["draft_cost"]],
+            "Verification, plain steps (curve / measured)":
+                [f"{a:.2f} / {b:.2f}" for a, b in zip(costs["verify_cost"], costs["verify_cost_measured"])],
+            "Tokens per step": [_num(x, ".2f") for x in costs["tokens_per_step"]],
+            "Decode speedup / predicted": [cost_cell(r) for _, r in costs.iterrows()]})
+        lines += ["## Each PyTorch row's costs", "",
+                  "Drafting: the row's draft ms per decode step over its job's plain step; verification: what "
+                  "the curve gives for the row's mean draft (and what its job measured); predicted = tokens per "
+                  "step / (drafting + verification).", "", shown.to_markdown(index=False, disable_numparse=True), ""]
+    return "\n".join(lines)
