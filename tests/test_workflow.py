@@ -97,22 +97,23 @@ def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
     assert '"method": "baseline"' not in default + both and "baseline.summary.json" not in default + both
 
 
-def test_the_controls_config_adds_the_null_drafter_and_a_a_arms(tmp_path):
-    """workflow/configs/controls.yaml: the null drafter's arms and a second baseline arm in the
-    held-out and wiki PyTorch jobs, and the null drafter inside vLLM, beside the default's rows."""
+def test_the_default_runs_the_null_drafter_and_a_a_arms(tmp_path):
+    """The negative controls are part of the default: the null drafter's arms (1 and 5 draft
+    tokens) and a second baseline arm in the held-out and wiki PyTorch jobs, and the null drafter
+    inside vLLM on both sets, beside the methods' rows."""
     wd = copy_workflow(tmp_path)
-    out = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/controls.yaml",
-              "--", "results/tables.md").stdout
+    out = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
     for dataset in ("chat_heldout", "wiki"):
         job = out.split(f"--dataset {dataset} ")[1].split("\n")[0]
         assert '"method": "null_drafter", "variant": "k1"' in job and '"method": "null_drafter", "variant": "k5"' in job
         assert "--aa-control" in job and '"method": "ngram", "variant": "k5"' in job
     overlap = out.split("--dataset chat_overlap ")[1].split("\n")[0]
     assert "--aa-control" not in overlap and '"method": "null_drafter"' not in overlap
-    vllm = out.split("results/vllm/chat_heldout.jsonl")[1]
-    arms = json.loads(re.search(r"--arms '(\[.*?\])'", vllm).group(1))
-    nulls = [(a["method"], a["variant"], a["proposer"]) for a in arms if a["method"] == "null_drafter"]
-    assert nulls == [("null_drafter", "k5", "specdec")]
+    for prompts, variant in (("chat_heldout", "k5"), ("wiki", "k1")):
+        vllm = out.split(f"results/vllm/{prompts}.jsonl")[1]
+        arms = json.loads(re.search(r"--arms '(\[.*?\])'", vllm).group(1))
+        nulls = [(a["method"], a["variant"], a["proposer"]) for a in arms if a["method"] == "null_drafter"]
+        assert nulls == [("null_drafter", variant, "specdec")]
 
 
 def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
