@@ -118,8 +118,17 @@ def check_train_settings(name: str, settings: dict, where: str = "settings") -> 
 
 
 def build_proposer(name: str, params: dict, target=None):
+    """The method's proposer on `target`. Its modules (a drafter network) take the target's
+    linear route: bf16 CPU linears prepacked for oneDNN (core.target.pack_linears)."""
+    import torch
+
+    from ..core.target import pack_linears
     check_params(name, params, f"method {name!r}")
-    return module(name).build(dict(params), target)
+    proposer = module(name).build(dict(params), target)
+    for part in vars(proposer).values():
+        if isinstance(part, torch.nn.Module):
+            pack_linears(part)
+    return proposer
 
 
 def train_checkpoint(name: str, hidden_path: str, target_dir: str, out_dir: str, settings: dict,
