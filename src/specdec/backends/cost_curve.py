@@ -108,8 +108,8 @@ def cost_curve(*, target_dir: str, sets: dict[str, dict], dtypes: list[str], out
         if missing:
             raise ValueError(f"cost curve set {name!r}: missing field(s) {sorted(missing)}")
     set_threads(threads)
-    contexts = {name: context_length(read_prompts(spec["prompts"], spec.get("limit")), spec["max_new_tokens"])
-                for name, spec in sets.items()}
+    prompts = {name: read_prompts(spec["prompts"], spec.get("limit")) for name, spec in sets.items()}
+    contexts = {name: context_length(prompts[name], spec["max_new_tokens"]) for name, spec in sets.items()}
     resolved = {}
     for requested in dtypes:
         rec = dtype_record(requested, device)
@@ -122,9 +122,8 @@ def cost_curve(*, target_dir: str, sets: dict[str, dict], dtypes: list[str], out
         wb = weight_bytes(model)
         floors.append({"dtype": dtype, "dtype_reason": rec["dtype_reason"], "weight_bytes": wb,
                        "weight_read_floor_ms": 1000 * wb / (bandwidth * 1e9)})
-        for name, spec in sets.items():
-            prompts = read_prompts(spec["prompts"], spec.get("limit"))
-            ctx = context_ids(prompts, contexts[name])
+        for name in sets:
+            ctx = context_ids(prompts[name], contexts[name])
             times = time_cells(target, ctx, repeats, warmup, sizes, desc=f"{dtype} {name} (context {len(ctx)})")
             plain = statistics.median(times[("chain", 1)])
             for (shape, nodes), ts in times.items():
