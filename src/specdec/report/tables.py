@@ -82,10 +82,10 @@ def control_flags(rows: pd.DataFrame) -> dict[tuple, str]:
     must not exceed 1.0 (its interval above 1.0: verifying drafts looks cheaper than a plain step,
     so every speedup there is inflated by at least its lower bound), and the A/A arm, whose interval
     must hold 1.0 (excluding it: two identical arms measured apart, so speedups there are off by
-    about as much). -> {(path, dtype, dataset): what failed, by how much}."""
+    about as much). -> {(job_name, dtype, dataset): what failed, by how much}."""
     out = {}
     for _, r in rows[rows["speedup"].notna() & rows["ci_low"].notna()].iterrows():
-        key = (path_name(r), r["dtype"], r["dataset"])
+        key = (job_name(r), r["dtype"], r["dataset"])
         if _is_null_drafter(r["method"]) and r["ci_low"] > 1.0:
             why = (f"the null drafter ({r['label']}) read {r['speedup']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}], "
                    f"above 1.0: speedups here are inflated by at least {100 * (r['ci_low'] - 1):.0f}%")
@@ -102,7 +102,7 @@ def mark_controls(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """The frame with `_control` set on every row of a job whose control failed (speedup_cell
     marks them), and the failures."""
     flags = control_flags(frame)
-    keys = [(path_name(r), r["dtype"], r["dataset"]) for _, r in frame.iterrows()]
+    keys = [(job_name(r), r["dtype"], r["dataset"]) for _, r in frame.iterrows()]
     return frame.assign(_control=[flags.get(k) for k in keys]), flags
 
 
@@ -118,6 +118,12 @@ def path_name(r) -> str:
         n = int(r["settings.requests_in_flight"])   # serial: 1; batched: the whole batch, up to max_num_seqs
         return f"vLLM {r['mode']} ({n} request{'s' if n > 1 else ''} in flight){ours}"
     return "HF generate (peer)" if r["method"].startswith("hf_") else "PyTorch loop"
+
+
+def job_name(r) -> str:
+    """The timing a row shares with its job's controls: its path, where vLLM's proposers and ours
+    inside vLLM are one job (one baseline engine, the same interleaved steps)."""
+    return path_name(r).removesuffix(", our proposer")
 
 
 def sampling_note(rows: pd.DataFrame) -> str:
@@ -207,7 +213,10 @@ def host_lines(frame: pd.DataFrame, sizing: str | None = None) -> list[str]:
 def vllm_cell(rows: pd.DataFrame) -> str:
     """A vLLM row's speedup in the headline ("-": no row, or vLLM refused the method)."""
     ok = rows[rows["speedup"].notna()]
-    return f"{ok['speedup'].iloc[0]:.2f}x" if len(ok) else "-"
+    if not len(ok):
+        return "-"
+    mark = " (!)" if isinstance(ok.iloc[0].get("_control"), str) else ""   # a failed control in its job
+    return f"{ok['speedup'].iloc[0]:.2f}x{mark}"
 
 
 def headline(frame: pd.DataFrame) -> str:
@@ -425,13 +434,18 @@ def render_readme_section(frame: pd.DataFrame, tables_path: str, plot: str | Non
         f"Held-out T={sampled['temperature'].iloc[0]:g}: {int(sampled['prompts'].max())} of the held-out prompts "
         "sampled, both arms with the same seeds and every token decoded (lossless in distribution: the "
         "sampling tests). ")
+    frame, flags = mark_controls(frame)
     head = headline(frame)
+    failed = sorted({f"{path} on {ds}" for (path, _, ds) in flags})
+    control_note = ("" if not failed else
+                    f"(!): a job whose negative control failed ({'; '.join(failed)}): not a result; the margins are "
+                    "in the tables. ")
     overlap_note = ("Train-overlap: prompts whose completions the learned drafters were trained on (the reference "
                     "system's best-case probe). ") if "Train-overlap" in head else ""
     accounts = cost_account_lines(frame)
     lines = [*host_lines(frame, sizing), "", head, "", *accounts,
              "Held-out: the PyTorch loop, the host's speed dtype, prompts no drafter saw in training. "
-             + sampled_note + overlap_note +
+             + sampled_note + overlap_note + control_note +
              "Speedups are paired with the baseline in one process, with 95% "
              f"intervals; lossless: fp32 outputs equal to the baseline's. Every row, vLLM included: "
              f"[`{tables_path}`]({tables_path})."]
