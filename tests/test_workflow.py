@@ -98,14 +98,15 @@ def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
 
 
 def test_the_default_runs_the_null_drafter_and_a_a_arms(tmp_path):
-    """The negative controls are part of the default: the null drafter's arms (1 and 5 draft
-    tokens) and a second baseline arm in the held-out and wiki PyTorch jobs, and the null drafter
-    inside vLLM on both sets, beside the methods' rows."""
+    """The negative controls are part of the default: the null drafter's arms (1 draft token; and
+    5, the longest headline chain, on the held-out set) and a second baseline arm in the held-out
+    and wiki PyTorch jobs, and the null drafter inside vLLM on both sets, beside the methods' rows."""
     wd = copy_workflow(tmp_path)
     out = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
     for dataset in ("chat_heldout", "wiki"):
         job = out.split(f"--dataset {dataset} ")[1].split("\n")[0]
-        assert '"method": "null_drafter", "variant": "k1"' in job and '"method": "null_drafter", "variant": "k5"' in job
+        assert '"method": "null_drafter", "variant": "k1"' in job
+        assert ('"method": "null_drafter", "variant": "k5"' in job) == (dataset == "chat_heldout")
         assert "--aa-control" in job and '"method": "ngram", "variant": "k5"' in job
     overlap = out.split("--dataset chat_overlap ")[1].split("\n")[0]
     assert "--aa-control" not in overlap and '"method": "null_drafter"' not in overlap
@@ -125,8 +126,10 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
     assert sorted(jobs.findall(default)) == ["chat_heldout", "wiki"]
     chat = re.search(r"--arms '(\[.*?\])' --rows '(\[.*?\])'", default.split("results/vllm/chat_heldout.jsonl")[1])
     arms, rows = json.loads(chat.group(1)), json.loads(chat.group(2))
-    assert [a["method"] for a in arms] == ["ngram", "suffix", "medusa", "mtp", "draft_model", "pard", "eagle3"]
-    assert all(a["datasets"] == ["chat_heldout", "chat_heldout_t07"] and a["proposer"] == "vllm" for a in arms)
+    assert [a["method"] for a in arms] == ["ngram", "suffix", "medusa", "mtp", "draft_model", "pard", "eagle3",
+                                           "null_drafter"]
+    assert all(a["datasets"] == ["chat_heldout", "chat_heldout_t07"] and a["proposer"] == "vllm" for a in arms[:-1])
+    assert arms[-1]["datasets"] == ["chat_heldout"] and arms[-1]["proposer"] == "specdec"   # the control, ours
     assert [(r["mode"], r["dataset"]) for r in rows] == [
         ("serial", "chat_heldout"), ("batched", "chat_heldout"), ("batched", "chat_heldout_t07")]
     (wd / "arm.yaml").write_text("vllm: {jobs: arm}\n")
@@ -134,7 +137,8 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
     assert sorted(jobs.findall(per_arm)) == sorted(
         [f"vllm-{m}" for m in ("ngram-k5", "suffix-d8", "medusa-len4_top3_nodes10", "mtp-steps1",
                                "draft_model-len3", "pard-len3", "eagle3-ttt5_chain2")]
-        + ["vllm_specdec-ngram-k5", "vllm_specdec-suffix-d8"])
+        + ["vllm_specdec-ngram-k5", "vllm_specdec-suffix-d8", "vllm_specdec-null_drafter-k1",
+           "vllm_specdec-null_drafter-k5"])
 
 
 def test_the_ablation_undoes_each_change_in_order(tmp_path):
