@@ -9,7 +9,7 @@ from specdec.backends import torch_bench
 from specdec.backends.cost_curve import cells, context_ids, context_length, cost_curve, tree_parents
 from specdec.core.tree import depths
 from specdec.data.records import write_jsonl
-from specdec.report.costcheck import TOLERANCE, check_costs, curve_frame, plain_steps, predict
+from specdec.report.costcheck import TOLERANCE, check_costs, plain_steps, predict, read_curve
 from specdec.report.rows import rows_frame
 
 
@@ -47,7 +47,7 @@ def test_the_curve_is_timed_per_dtype_and_set(tiny_ckpt, tmp_path):
     assert got[("chain", 1)]["plain_steps"] == 1.0
     assert all(p["repeats"] == 3 and p["context"] == 40 and p["ms_min"] <= p["ms"] <= p["ms_max"]
                for p in out["points"])
-    frame = curve_frame(tmp_path / "c.json")
+    _, frame = read_curve(tmp_path / "c.json")
     assert plain_steps(frame, "float32", "wiki", "tree", 2) == plain_steps(frame, "float32", "wiki", "chain", 2)
     assert plain_steps(frame, "bfloat16", "wiki", "chain", 2) is None
     with pytest.raises(ValueError, match="missing field"):
@@ -142,6 +142,6 @@ def test_a_row_timed_under_load_on_one_arm_is_flagged(tiny_ckpt, tmp_path, monke
                                    "params": {"draft_len": 3, "prompt_lookup_min": 1}}],
                             max_new_tokens=32, warmup=0, dtype="float32", threads=1, resamples=200,
                             out_records=str(tmp_path / "r.jsonl"), out_summary=str(tmp_path / "s.json"))
-    row = check_costs(rows_frame([tmp_path / "s.json"]), curve_frame(tmp_path / "c.json")).iloc[0]
+    row = check_costs(rows_frame([tmp_path / "s.json"]), read_curve(tmp_path / "c.json")[1]).iloc[0]
     assert row["tau"] > 1.5                                   # the n-gram arm drafts and is accepted
     assert isinstance(row["_cost"], str) and direction in row["_cost"], row["cost_account"]

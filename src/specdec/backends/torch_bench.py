@@ -141,6 +141,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
 
     base = records[BASELINE]
     attach_baseline(base, base)
+    route = linear_route(model)   # core.target.pack_linears: every arm's, the model is shared
     rows = []
     for arm in row_arms:
         label = arm_label(arm)
@@ -149,7 +150,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
                     "params": arm.get("params") or {}, **dt, "device": device, "max_new_tokens": max_new_tokens,
                     "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
                     "prompts_file": str(prompts_path), "target": str(target_dir), "limit": limit,
-                    "linear_route": linear_route(model),   # core.target.pack_linears: every arm's
+                    "linear_route": route,
                     "arms": names, "arm_order": "rotated by one per prompt",
                     "compare_with": arm.get("compare_with"),
                     "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}

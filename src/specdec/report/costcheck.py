@@ -26,8 +26,9 @@ from ..data.records import read_json
 TOLERANCE = 0.10   # predicted and measured decode speedups agree within 10%, or the row is flagged
 
 
-def curve_frame(path) -> pd.DataFrame:
-    """The cost curve's points: dtype, dataset, context, shape, nodes, ms, plain_steps."""
+def read_curve(path) -> tuple[dict, pd.DataFrame]:
+    """The cost curve's JSON (backends/cost_curve.py), checked, and its points as a frame: dtype,
+    dataset, context, shape, nodes, ms, plain_steps."""
     curve = read_json(path)
     for key in ("points", "floors", "memory_read_gb_s"):
         if key not in curve:
@@ -36,17 +37,18 @@ def curve_frame(path) -> pd.DataFrame:
     missing = {"dtype", "dataset", "shape", "nodes", "plain_steps"} - set(frame.columns)
     if missing:
         raise ValueError(f"{path}: cost curve points lack field(s) {sorted(missing)}")
-    return frame
+    return curve, frame
 
 
 def plain_steps(curve: pd.DataFrame, dtype: str, dataset: str, shape: str, nodes: float) -> float | None:
     """r(nodes): a verification step of `nodes` nodes in plain steps, interpolated linearly between
     the timed sizes (past the largest, along its last segment); None where the curve has no
-    (dtype, dataset). Trees below three nodes are chains."""
+    (dtype, dataset). A tree too small to branch is a chain: below its smallest timed size a tree
+    reads the chain's points."""
     cell = curve[(curve["dtype"] == dtype) & (curve["dataset"] == dataset)]
-    pts = cell[cell["shape"] == shape] if shape == "tree" else cell[cell["shape"] == "chain"]
-    if shape == "tree":
-        pts = pd.concat([cell[(cell["shape"] == "chain") & (cell["nodes"] < 3)], pts])
+    chain, pts = cell[cell["shape"] == "chain"], cell[cell["shape"] == shape]
+    if shape != "chain":
+        pts = pd.concat([chain[chain["nodes"] < pts["nodes"].min()] if len(pts) else chain, pts])
     if pts.empty:
         return None
     pts = pts.sort_values("nodes")
@@ -113,11 +115,12 @@ def flag(row, account: dict) -> str | None:
 
 def check_costs(frame: pd.DataFrame, curve: pd.DataFrame | None) -> pd.DataFrame:
     """The frame with each PyTorch row's cost account (predict) and its flag (`_cost`: why, or None)."""
-    accounts = [predict(r, curve) if curve is not None else None for _, r in frame.iterrows()]
-    out = frame.copy()
-    for key in ("tokens_per_step", "draft_cost", "verify_cost", "verify_cost_measured",
-                "predicted_decode_speedup", "cost_gap"):
-        out[key] = [a[key] if a else None for a in accounts]
-    out["_cost"] = [flag(r, a) if a else None for (_, r), a in zip(frame.iterrows(), accounts)]
-    out["cost_account"] = [explain(r, a) if a else None for (_, r), a in zip(frame.iterrows(), accounts)]
-    return out
+    keys = ("tokens_per_step", "draft_cost", "verify_cost", "verify_cost_measured", "predicted_decode_speedup",
+            "cost_gap", "_cost", "cost_account")
+    cols = {k: [] for k in keys}
+    for _, r in frame.iterrows():
+        a = predict(r, curve) if curve is not None else None
+        a = {**a, "_cost": flag(r, a), "cost_account": explain(r, a)} if a else {}
+        for k in keys:
+            cols[k].append(a.get(k))
+    return frame.assign(**cols)
