@@ -2,6 +2,7 @@ import random
 
 import torch
 
+from conftest import VOCAB
 from specdec.core.target import TargetModel
 from specdec.core.tree import root_paths
 
@@ -84,12 +85,13 @@ def test_prepacked_bf16_linears_give_bit_identical_logits(tiny_model):
     chain and a tree forward give exactly the logits of the unpacked model; other dtypes keep aten."""
     import copy
 
-    from specdec.core.target import linear_route, pack_linears
+    from specdec.core.target import fold_attention, linear_route, pack_linears
 
     assert pack_linears(copy.deepcopy(tiny_model)) == "aten"          # fp32: untouched
     plain = copy.deepcopy(tiny_model).to(torch.bfloat16)
     packed_model = copy.deepcopy(plain)
     packed, ref = TargetModel(packed_model), TargetModel(plain, pack=False)
+    fold_attention(plain)   # the same attention route as the packed one: only the linears differ
     if not torch.backends.mkldnn.is_available():
         assert packed.linear_route == "aten"
         return
@@ -107,3 +109,58 @@ def test_prepacked_bf16_linears_give_bit_identical_logits(tiny_model):
         outs.append((chain, tree, last))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+
+
+def test_folded_bf16_attention_is_sdpa_to_rounding(tiny_model):
+    """fold_attention: a one-row bf16 query runs the query heads of each KV group as rows of one
+    attention. Every decode step's logits stay within bf16 rounding of transformers' sdpa, at the
+    same error against an fp32 forward; other shapes, fp32 and eager models keep their route."""
+    import copy
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from specdec.core import target as target_mod
+    from specdec.core.target import FOLDED_SDPA, fold_attention
+
+    assert fold_attention(copy.deepcopy(tiny_model)) == "sdpa"                    # fp32: untouched
+    eager = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    eager.set_attn_implementation("eager")
+    assert fold_attention(eager) == "eager"
+
+    ref_fp32 = copy.deepcopy(tiny_model)
+    plain = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    folded = TargetModel(copy.deepcopy(plain))
+    assert folded.attention_route == FOLDED_SDPA
+    unfolded = TargetModel(plain, pack=False)
+    target_mod.pack_linears(plain)          # the same linear route: only the attention differs
+    assert unfolded.attention_route == "sdpa"
+
+    rng = random.Random(1)
+    seq = [rng.randrange(3, VOCAB) for _ in range(40)]
+    for t in (folded, unfolded):
+        t.prefill(seq[:20])
+    with torch.inference_mode():
+        exact = ref_fp32(torch.tensor([seq])).logits[0]
+    err = {"folded": 0.0, "unfolded": 0.0}
+    for i in range(20, 40):
+        out = {}
+        for name, t in (("folded", folded), ("unfolded", unfolded)):
+            logits, _ = t.forward([seq[i]])
+            t.commit(None)
+            out[name] = logits[-1].float()
+            err[name] = max(err[name], (out[name] - exact[i]).abs().max().item())
+        assert torch.allclose(out["folded"], out["unfolded"], atol=0.05, rtol=0.02)
+    assert err["folded"] <= 1.5 * err["unfolded"] + 1e-3, err
+
+    # the folded call itself, on GQA shapes: one row folds, several rows and fp32 pass through
+    class Module:
+        num_key_value_groups, is_causal, layer_idx = 3, True, 0
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 6, 1, 16), torch.randn(1, 2, 50, 16), torch.randn(1, 2, 50, 16)
+    want, _ = sdpa_attention_forward(Module, q, k, v, None, scaling=0.25)       # fp32 reference
+    got, _ = target_mod._sdpa_folded(Module, q.bfloat16(), k.bfloat16(), v.bfloat16(), None, scaling=0.25)
+    base, _ = sdpa_attention_forward(Module, q.bfloat16(), k.bfloat16(), v.bfloat16(), None, scaling=0.25)
+    assert got.shape == want.shape == (1, 1, 6, 16)
+    assert (got.float() - want).abs().max() <= 1.5 * (base.float() - want).abs().max() + 1e-3
+    same, _ = target_mod._sdpa_folded(Module, q, k, v, None, scaling=0.25)
+    assert torch.equal(same, want)

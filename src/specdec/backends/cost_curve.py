@@ -121,6 +121,7 @@ def cost_curve(*, target_dir: str, sets: dict[str, dict], dtypes: list[str], out
         target = TargetModel(model)
         wb = weight_bytes(model)
         floors.append({"dtype": dtype, "dtype_reason": rec["dtype_reason"], "weight_bytes": wb,
+                       "linear_route": target.linear_route, "attention_route": target.attention_route,
                        "weight_read_floor_ms": 1000 * wb / (bandwidth * 1e9)})
         for name in sets:
             ctx = context_ids(prompts[name], contexts[name])

@@ -141,7 +141,8 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
 
     base = records[BASELINE]
     attach_baseline(base, base)
-    route = linear_route(model)   # core.target.pack_linears: every arm's, the model is shared
+    # core.target's routes (pack_linears, fold_attention): every arm's, the model is shared
+    route, attention = linear_route(model), model.config._attn_implementation
     rows = []
     for arm in row_arms:
         label = arm_label(arm)
@@ -150,7 +151,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
                     "params": arm.get("params") or {}, **dt, "device": device, "max_new_tokens": max_new_tokens,
                     "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
                     "prompts_file": str(prompts_path), "target": str(target_dir), "limit": limit,
-                    "linear_route": route,
+                    "linear_route": route, "attention_route": attention,
                     "arms": names, "arm_order": "rotated by one per prompt",
                     "compare_with": arm.get("compare_with"),
                     "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}

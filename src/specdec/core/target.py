@@ -25,8 +25,11 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import DynamicCache
+import torch.nn.functional as F
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from .tree import tree_attention_inputs
 
@@ -105,6 +108,42 @@ def linear_route(model) -> str:
     return "onednn_prepacked" if packed else "aten"
 
 
+FOLDED_SDPA = "sdpa_folded"
+
+
+def _sdpa_folded(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' sdpa, except a one-row, unmasked bf16 CPU query: a decode step.
+    query (b, heads, 1, d), key/value (b, kv_heads, ctx, d). One query row attends to every cached
+    key, so the heads/kv_heads query heads of one kv group can ride as that many rows of one
+    attention over the group's keys: (b, kv_heads, heads/kv_heads, d). Same maths (softmax(q k^T *
+    scale) v per head); torch's CPU kernel for a single bf16 row is several times slower than for
+    a few rows, the few rows as fast as fp32's single row (tests/test_target.py checks closeness)."""
+    b, heads, q_len, d = query.shape
+    if (q_len != 1 or attention_mask is not None or query.dtype != torch.bfloat16
+            or query.device.type != "cpu" or kwargs.get("position_bias") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, **kwargs)
+    kv_heads = key.shape[1]
+    out = F.scaled_dot_product_attention(query.view(b, kv_heads, heads // kv_heads, d), key, value,
+                                         dropout_p=dropout, scale=scaling)   # (b, kv_heads, heads/kv_heads, d)
+    return out.reshape(b, 1, heads, d), None                                 # (b, q_len=1, heads, d)
+
+
+AttentionInterface.register(FOLDED_SDPA, _sdpa_folded)
+ALL_MASK_ATTENTION_FUNCTIONS.register(FOLDED_SDPA, sdpa_mask)
+
+
+def fold_attention(model) -> str:
+    """Route a bf16 CPU sdpa model's decode-step attention through _sdpa_folded, in place (the
+    model's config names the registered function; no modeling code is touched). Returns the
+    attention route: "sdpa_folded", or the model's own ("sdpa", "eager", ...) where it does not
+    apply (another dtype or device, or another attention implementation)."""
+    impl = model.config._attn_implementation
+    if impl == FOLDED_SDPA or (impl == "sdpa" and model.dtype == torch.bfloat16 and model.device.type == "cpu"):
+        model.set_attn_implementation(FOLDED_SDPA)
+    return model.config._attn_implementation
+
+
 def tap_module(model, layer: int) -> torch.nn.Module:
     """The module whose output is tap `layer` of a transformers causal LM (see the module doc)."""
     n = model.config.num_hidden_layers
@@ -142,14 +181,15 @@ def new_cache(config) -> DynamicCache:
 
 class TargetModel:
     def __init__(self, model, pack: bool = True):
-        """pack: route the model's bf16 CPU linears through prepacked oneDNN weights (pack_linears;
-        in place, so every TargetModel on the same model shares the route); `linear_route` says
-        which route its linears take."""
+        """pack: route the model's bf16 CPU linears through prepacked oneDNN weights (pack_linears)
+        and its decode-step attention through fold_attention; in place, so every TargetModel on the
+        same model shares the routes. `linear_route` and `attention_route` say which they take."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.config = model.config
         self.linear_route = pack_linears(model) if pack else linear_route(model)
+        self.attention_route = fold_attention(model) if pack else model.config._attn_implementation
         self.cache: DynamicCache | None = None
         self.cached = 0      # committed tokens in the cache
         self.pending = 0     # nodes of the last forward, not yet committed
