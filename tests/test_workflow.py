@@ -1,6 +1,7 @@
 """The real Snakemake DAG on the smoke config (real SmolLM2 target, tiny sizes), the stale-rerun
 property, config validation and the linter."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -25,8 +26,9 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
-def smk(workdir, *args, check=True):
-    proc = subprocess.run(SNAKEMAKE + list(args), cwd=workdir, capture_output=True, text=True)
+def smk(workdir, *args, check=True, env=None):
+    proc = subprocess.run(SNAKEMAKE + list(args), cwd=workdir, capture_output=True, text=True,
+                          env=None if env is None else {**os.environ, **env})
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -123,7 +125,15 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
     wd = copy_workflow(tmp_path)
     jobs = re.compile(r"output: results/vllm/(\S+?)\.jsonl")
     default = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
-    assert sorted(jobs.findall(default)) == ["chat_heldout", "wiki"]
+    assert sorted(jobs.findall(default)) == ["chat_heldout", "float32-lossless", "wiki"]
+    # vllm.lossless: every arm of the held-out set again, float32, serial, no A/A engine
+    lossless = default.split("results/vllm/float32-lossless.jsonl")[1].split("rule ")[0]
+    check = re.search(r"--arms '(\[.*?\])' --rows '(\[.*?\])' --modes '(\{.*?\})' --dtype (\S+)", lossless)
+    assert check.group(4) == "float32" and list(json.loads(check.group(3))) == ["serial"]
+    assert "--in-process" in check.group(0) + lossless and "--aa-control" not in lossless
+    assert [(r["mode"], r["dataset"], r["limit"], r["max_new_tokens"]) for r in json.loads(check.group(2))] == [
+        ("serial", "chat_heldout", 4, 32)]
+    assert len(json.loads(check.group(1))) == 8
     chat = re.search(r"--arms '(\[.*?\])' --rows '(\[.*?\])'", default.split("results/vllm/chat_heldout.jsonl")[1])
     arms, rows = json.loads(chat.group(1)), json.loads(chat.group(2))
     assert [a["method"] for a in arms] == ["ngram", "suffix", "medusa", "mtp", "draft_model", "pard", "eagle3",
@@ -138,7 +148,11 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
         [f"vllm-{m}" for m in ("ngram-k5", "suffix-d8", "medusa-len4_top3_nodes10", "mtp-steps1",
                                "draft_model-len3", "pard-len3", "eagle3-ttt5_chain2")]
         + ["vllm_specdec-ngram-k5", "vllm_specdec-suffix-d8", "vllm_specdec-null_drafter-k1",
-           "vllm_specdec-null_drafter-k5"])
+           "vllm_specdec-null_drafter-k5"]
+        # the lossless check per arm: each arm that runs on the held-out set
+        + [f"float32-lossless-vllm-{m}" for m in ("ngram-k5", "suffix-d8", "medusa-len4_top3_nodes10", "mtp-steps1",
+                                                  "draft_model-len3", "pard-len3", "eagle3-ttt5_chain2")]
+        + ["float32-lossless-vllm_specdec-null_drafter-k5"])
 
 
 def test_the_ablation_undoes_each_change_in_order(tmp_path):
@@ -238,7 +252,9 @@ def test_the_default_is_sized_per_host_class(tmp_path):
 def smoke_run(tmp_path_factory):
     """The smoke DAG on two cores: data jobs may run side by side, a benchmark never does."""
     wd = copy_workflow(tmp_path_factory.mktemp("smoke"))
-    proc = smk(wd, "results/tables.md", "results/learning_curve.md", "--cores", "2", *SMOKE)
+    # every job appends the project files it loaded (cli.log_loaded_modules)
+    proc = smk(wd, "results/tables.md", "results/learning_curve.md", "--cores", "2", *SMOKE,
+               env={"SPECDEC_MODULES_LOG": str(wd / "modules.jsonl")})
     (wd / "smoke.log").write_text(proc.stdout + proc.stderr)
     return wd
 
@@ -555,6 +571,81 @@ def test_smoke_dag_end_to_end(smoke_run):
 
 
 @pytest.mark.integration
+def planned_jobs(dry_run_output: str) -> list[dict]:
+    """Each job of a dry run: its rule, inputs and outputs."""
+    jobs = []
+    for block in re.split(r"^(?:local)?rule ", dry_run_output, flags=re.M)[1:]:
+        fields = dict(re.findall(r"^    (input|output): (.*)$", block, re.M))
+        jobs.append({"rule": block.split(":", 1)[0],
+                     "input": fields.get("input", "").split(", "), "output": fields.get("output", "").split(", ")})
+    return jobs
+
+
+def package_relative(paths) -> set[str]:
+    """Project source files as paths inside the package (src/specdec/...), wherever src/ lies."""
+    return {p.split("/src/specdec/", 1)[1] for p in paths if "/src/specdec/" in p and p.endswith(".py")}
+
+
+@pytest.mark.integration
+def test_every_job_loaded_only_its_code_inputs(smoke_run):
+    """The code inputs each rule computes from the import graph (specdec.deps) hold every project
+    file its job really loaded, on every job of the smoke DAG: an edit to any file a job ran
+    makes that job stale. (The hand-kept lists this replaced missed core/sampling.py and
+    core/loop.py in the vLLM jobs.)"""
+    wd = smoke_run
+    jobs = planned_jobs(smk(wd, "-n", "--forceall", "results/tables.md", "results/learning_curve.md",
+                            "--cores", "1", *SMOKE).stdout)
+    runs = [json.loads(line) for line in (wd / "modules.jsonl").read_text().splitlines()]
+    assert len(runs) >= len(jobs) - 3   # fetch_wheel's download may be cached; every other job logs
+
+    def owner(argv):
+        """The planned job whose output the command writes (an output, or a directory above one)."""
+        paths = [a.rstrip("/") for flag, a in zip(argv, argv[1:]) if flag.startswith("--out")]
+        found = [j for j in jobs if any(o == a or o.startswith(a + "/") for o in j["output"] for a in paths)]
+        assert found, f"no planned job writes what {argv} writes"
+        return found[0]
+
+    checked = set()
+    for run in runs:
+        job = owner(run["argv"])
+        if job["rule"] == "fetch_wheel":
+            continue   # a pinned download: no code inputs, so an edit never fetches again
+        missing = package_relative(run["files"]) - package_relative(job["input"])
+        assert not missing, f"{job['rule']} ({job['output'][0]}) loaded files not in its inputs: {sorted(missing)}"
+        checked.add(job["rule"])
+    assert {"bench_torch", "bench_vllm", "train_proposer", "export_vllm", "hidden_states", "report"} <= checked
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("source", ["core/sampling.py", "core/loop.py", "methods/ngram.py",
+                                    "backends/vllm_hook.py"])
+def test_editing_a_source_reruns_every_job_that_loaded_it(smoke_run, source):
+    """Touching (editing) one source file makes stale, through its own inputs, every job that
+    loaded the file in the smoke run, and no job whose computed inputs lack it."""
+    wd = smoke_run
+    runs = [json.loads(line) for line in (wd / "modules.jsonl").read_text().splitlines()]
+    loaded = [r["argv"] for r in runs if source in package_relative(r["files"])]
+    assert loaded, f"no job of the smoke run loaded {source}"
+    path = wd / "src" / "specdec" / source
+    original = path.read_text()
+    edit(path)
+    try:
+        out = smk(wd, "-n", "results/tables.md", "results/learning_curve.md", "--cores", "1", *SMOKE).stdout
+    finally:
+        path.write_text(original)
+    stale = [j for j in planned_jobs(out) if j["rule"] != "report"]
+    direct = [j for j in stale if any(i.endswith("/src/specdec/" + source) for i in j["input"])]
+    for argv in loaded:
+        paths = [a.rstrip("/") for flag, a in zip(argv, argv[1:]) if flag.startswith("--out")]
+        assert any(o == a or o.startswith(a + "/") for j in direct for o in j["output"] for a in paths), \
+            f"editing {source} leaves stale the job of {argv}, which loaded it"
+    # what else reruns does so downstream of a job whose inputs hold the file
+    direct_outputs = {o for j in direct for o in j["output"]}
+    for j in stale:
+        if j not in direct:
+            assert set(j["input"]) & direct_outputs or any(set(j["input"]) & set(k["output"]) for k in stale), j
+
+
 def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     """A method's edit reruns its training and export, the PyTorch jobs of the (dtype, data set)
     pairs it runs on (each times every method there against one baseline) and the vLLM jobs of

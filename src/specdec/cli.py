@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -569,7 +570,23 @@ def main(argv=None) -> int:
     except (ValueError, RuntimeError, OSError) as e:
         print(f"specdec {args.verb}: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        log_loaded_modules(argv)
     return 0
+
+
+def log_loaded_modules(argv: list[str]) -> None:
+    """With SPECDEC_MODULES_LOG set, append the project files this run loaded to that file (one
+    JSON line: verb, argv, files): the ground truth a test holds each job's computed code inputs
+    (specdec.deps) against."""
+    path = os.environ.get("SPECDEC_MODULES_LOG")
+    if not path:
+        return
+    root = Path(__file__).resolve().parent
+    files = sorted({str(Path(m.__file__).resolve()) for m in list(sys.modules.values())
+                    if getattr(m, "__file__", None) and Path(m.__file__).resolve().is_relative_to(root)})
+    with open(path, "a") as f:
+        f.write(json.dumps({"verb": argv[0] if argv else None, "argv": argv, "files": files}) + "\n")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ rule bench_torch:
     input:
         target=TARGET,
         prompts=dataset_prompts,
-        code=CORE_SOURCES,
+        code=code("bench-torch"),
         method_code=torch_job_sources,
         checkpoints=torch_job_checkpoints,
     output:
@@ -60,7 +60,7 @@ rule cost_curve:
     input:
         target=TARGET,
         prompts=lambda wc: sorted({s["prompts"] for s in cost_curve_sets().values()}),
-        code=CORE_SOURCES + [str(SRC / "backends" / "cost_curve.py")],
+        code=code("cost-curve"),
     output:
         "results/costs/cost_curve.json",
     params:

@@ -8,8 +8,8 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import update_config
 
-SRC = Path(workflow.basedir) / "src" / "specdec"
-from specdec import methods as registry  # noqa: E402  (src/ is on sys.path: the Snakefile)
+from specdec import deps  # noqa: E402  (src/ is on sys.path: the Snakefile)
+from specdec import methods as registry  # noqa: E402
 
 registry.check_config(config)  # every variant's parameters and checkpoint's settings, before any job
 
@@ -226,35 +226,21 @@ def sampling_args(wildcards):
 TARGET_DIR = f"checkpoints/{config['target']['name']}"
 TARGET = f"{TARGET_DIR}/manifest.json"  # written last: the checkpoint is complete
 
-# what every benchmark depends on: the shared core, the torch backend, model and record IO
-CORE_SOURCES = sorted(str(p) for p in (SRC / "core").glob("*.py")) + [
-    str(SRC / "host.py"),
-    str(SRC / "backends" / "torch_bench.py"),
-    str(SRC / "models.py"),
-    str(SRC / "data" / "records.py"),
-]
-# the vLLM backend's own code (a method's vLLM mapping is in its module)
-VLLM_SOURCES = [
-    str(SRC / "backends" / "vllm_bench.py"),
-    str(SRC / "backends" / "vllm_hook.py"),
-    str(SRC / "host.py"),
-    str(SRC / "core" / "metrics.py"),
-    str(SRC / "core" / "stats.py"),
-    str(SRC / "data" / "records.py"),
-]
-# what every training job depends on: the driver, the loop, the hidden-state reader, the
-# checkpoint format (a method's own files come from the registry)
-TRAIN_SOURCES = sorted(str(p) for p in (SRC / "train").glob("*.py")) + [str(SRC / "data" / "records.py")]
+# each job's code inputs: the files its `python -m specdec <verb>` loads, from the import graph
+# (specdec.deps); a method's own files come from the registry (method_sources)
+code = deps.verb_code
 HIDDEN = "data/hidden/chat.safetensors"
-# the hidden-state cache is written by its own module (and reads records): nothing else reruns it
-HIDDEN_SOURCES = [str(SRC / "train" / "hidden.py"), str(SRC / "core" / "target.py"), str(SRC / "data" / "records.py")]
 
 
 def method_sources(method):
-    """The method's files from the registry: its module and the shared modules it imports (a
-    Hugging Face peer: its backend). The registry table itself (methods/__init__.py) is not an
-    input: adding a method reruns nothing."""
+    """The method's files from the registry: its module and what it imports (a Hugging Face peer:
+    its checkpoint owner's)."""
     return registry.source_files(method)
+
+
+def all_method_sources():
+    """The files of every method in the config."""
+    return sorted({f for m in config["methods"] for f in method_sources(m)})
 
 
 def dataset_dtypes(dataset):
@@ -441,7 +427,23 @@ def vllm_jobs():
             continue
         for prompts in dict.fromkeys(prompt_set(d) for d in datasets):
             jobs.setdefault(prompts, []).append(((engine, m, v), [d for d in datasets if prompt_set(d) == prompts]))
+    lossless = config["vllm"].get("lossless")
+    if lossless:
+        # every arm vLLM runs on the set, again in float32: the lossless check (vllm_rows)
+        ds = lossless["dataset"]
+        arms = [(arm, [ds]) for arm, datasets in vllm_arms().items() if ds in datasets]
+        if not arms:
+            raise ValueError(f"config: vllm.lossless.dataset {ds!r}: no vLLM arm runs on it")
+        if config["vllm"].get("jobs", "prompt_set") == "arm":
+            jobs.update({f"{LOSSLESS_JOB}-{'-'.join(arm)}": [(arm, d)] for arm, d in arms})
+        else:
+            jobs[LOSSLESS_JOB] = arms
     return jobs
+
+
+# the vLLM job(s) of vllm.lossless: greedy, serial, float32, every arm of its set against one
+# baseline (vllm.jobs "arm": one job per arm)
+LOSSLESS_JOB = "float32-lossless"
 
 
 VLLM_JOBS = vllm_jobs()
@@ -471,6 +473,10 @@ check_every_variant_runs()
 def vllm_rows(job):
     """The rows of one vLLM job: each (mode, data set) where one of its arms runs, with its prompt
     file, prompt count, decode length and sampling."""
+    if job.startswith(LOSSLESS_JOB):
+        spec = config["vllm"]["lossless"]
+        return [{"mode": "serial", "dataset": spec["dataset"], "prompts": dataset_prompts(spec["dataset"]),
+                 "limit": spec["prompts"], "max_new_tokens": spec["max_new_tokens"], "sampling": None}]
     datasets = {d for _, ds in VLLM_JOBS[job] for d in ds}
     rows, dtype = [], config["vllm"]["dtype"]
     for mode in config["vllm"]["modes"]:
@@ -527,7 +533,9 @@ def vllm_rows_arg(wildcards):
 
 
 def vllm_engine_args(wildcards):
-    v = config["vllm"]
+    v = dict(config["vllm"])
+    if wildcards.job.startswith(LOSSLESS_JOB):   # float32, serial, no A/A arm
+        v.update(dtype="float32", modes={"serial": v["modes"].get("serial", {"max_num_seqs": 1})}, aa_control=False)
     return (f"--modes '{json.dumps(v['modes'])}' --dtype {v['dtype']}"
             f" --gpu-memory-utilization {v['gpu_memory_utilization']} --max-model-len {v['max_model_len']}"
             + (f" --kv-cache-memory-bytes {v['kv_cache_memory_bytes']}" if v.get("kv_cache_memory_bytes") else "")

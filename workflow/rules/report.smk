@@ -8,7 +8,8 @@ rule report:
         summaries=torch_summaries() + vllm_summaries(),
         checkpoints=trained_checkpoints(),
         cost_curve="results/costs/cost_curve.json",
-        code=[str(SRC / "report" / f) for f in ("rows.py", "tables.py", "plots.py", "costcheck.py")],
+        code=code("report"),
+        method_code=all_method_sources(),  # the report reads each method's module (registry)
     output:
         rows="results/rows.parquet",
         tables="results/tables.md",
@@ -53,7 +54,7 @@ rule report:
 rule learning_curve:
     input:
         checkpoints=learning_curve_checkpoints,
-        code=[str(SRC / "report" / f) for f in ("tables.py", "plots.py")],
+        code=code("learning-curve"),
     output:
         table="results/learning_curve.md",
         plot=report("results/plots/learning_curve.png", caption="../report/learning_curve.rst", category="Results",
@@ -81,7 +82,7 @@ use rule bench_torch as ablation_bench with:
     input:
         target=TARGET,
         prompts=DATASET_FILES["chat_heldout"],
-        code=CORE_SOURCES,
+        code=code("bench-torch"),
         method_code=ablation_sources,
         checkpoints=ablation_checkpoints,
     output:
@@ -104,7 +105,7 @@ rule ablation:
     input:
         summary="results/ablation/auto/chat_heldout.summary.json",
         checkpoints=ablation_checkpoints,
-        code=str(SRC / "report" / "ablation.py"),
+        code=code("ablation"),
     output:
         table="docs/ablation.md",
         plot="docs/ablation.png",
@@ -130,7 +131,7 @@ rule drift:
     input:
         first=torch_summaries() + vllm_summaries(),
         second=torch_summaries("results/rerun") + vllm_summaries("results/rerun"),
-        code=[str(SRC / "report" / f) for f in ("rows.py", "drift.py")],
+        code=code("drift"),
     output:
         "results/drift.md",
     threads: rule_threads("drift")

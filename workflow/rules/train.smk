@@ -8,7 +8,7 @@ rule hidden_states:
         target=TARGET,
         train="data/chat/train.jsonl",
         heldout=DATASET_FILES["chat_heldout"],
-        code=HIDDEN_SOURCES,
+        code=code("hidden-states"),
     output:
         HIDDEN,
     params:
@@ -43,7 +43,7 @@ use rule hidden_states as hidden_states_reference with:
         target=TARGET,
         train="data/ablation/chat_reference.jsonl",
         heldout=DATASET_FILES["chat_heldout"],
-        code=HIDDEN_SOURCES,
+        code=code("hidden-states"),
     output:
         ABLATION_HIDDEN,
     params:   # merged into hidden_states' params by keyword
@@ -58,7 +58,7 @@ rule train_proposer:
     input:
         hidden=checkpoint_hidden,
         target=TARGET,
-        code=TRAIN_SOURCES,
+        code=code("train"),
         method_code=lambda wc: method_sources(wc.method),
         init=init_checkpoint,
     output:

@@ -16,7 +16,8 @@ rule export_vllm:
     input:
         checkpoint="checkpoints/{method}/{name}/manifest.json",
         target=TARGET,
-        code=lambda wc: method_sources(wc.method),
+        code=code("export-vllm"),
+        method_code=lambda wc: method_sources(wc.method),
     output:
         "checkpoints/vllm_exports/{method}-{name}/manifest.json",
     params:
@@ -39,7 +40,7 @@ rule bench_vllm:
     input:
         target=TARGET,
         prompts=vllm_job_prompts,
-        code=VLLM_SOURCES,
+        code=code("bench-vllm"),
         method_code=vllm_job_sources,  # their vLLM mappings
         exports=vllm_job_exports,
     output:

@@ -1,4 +1,5 @@
-"""The method registry: name -> module. A method's module is the one place that defines it:
+"""The method registry: name -> module, found by the NAME each module of this package declares.
+A method's module is the one place that defines it:
 
     NAME            its registry name
     PARAMS          the dataclass of a variant's parameters (config.yaml methods.<name>.variants)
@@ -29,24 +30,28 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-METHODS = {
-    "ngram": "specdec.methods.ngram",
-    "suffix": "specdec.methods.suffix",
-    "medusa": "specdec.methods.medusa",
-    "mtp": "specdec.methods.mtp",
-    "draft_model": "specdec.methods.draft_model",
-    "pard": "specdec.methods.pard",
-    "eagle3": "specdec.methods.eagle3",
-    "null_drafter": "specdec.methods.null_drafter",   # the negative control: drafts the target never accepts
-}
+
+def _discover() -> dict[str, str]:
+    """name -> module for every module of this package that declares a top-level `NAME = "..."`,
+    read from its source (nothing is imported): adding a method is adding its file. Code shared
+    by methods (draft_lm.py) declares no NAME."""
+    found = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["NAME"]
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                if node.value.value in found:
+                    raise ValueError(f"{path}: NAME {node.value.value!r} is already {found[node.value.value]}'s")
+                found[node.value.value] = f"{__name__}.{path.stem}"
+    return found
+
+
+METHODS = _discover()   # ngram, suffix, medusa, mtp, draft_model, pard, eagle3, null_drafter (a control)
 # Hugging Face peers -> the method whose checkpoints they load (None: no checkpoint)
 PEERS = {"hf_generate": None, "hf_prompt_lookup": None, "hf_assisted": "draft_model"}
 
 # keys of a config variant that select where it runs; the rest are the method's parameters
 VARIANT_SCOPE = ("datasets", "dtypes")
-
-HERE = Path(__file__).parent
-SRC = HERE.parent
 
 
 @dataclass(frozen=True)
@@ -166,32 +171,16 @@ def checkpoint_owner(name: str) -> str:
     return PEERS.get(name) or name
 
 
-def _local_imports(path: Path) -> list[Path]:
-    """Sibling modules of the methods package that `path` imports (`from .x import ...`)."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            dep = HERE / f"{node.module}.py"
-            if dep.is_file():
-                out.append(dep)
-    return out
-
-
 def source_files(name: str) -> list[str]:
-    """The files a method's jobs depend on: its module, the sibling modules it imports (the draft
-    family's draft_lm.py), and for a peer its backend plus its checkpoint owner's files."""
+    """The files a method's jobs load beyond their verb's own (deps.verb_code): its module, which
+    the registry imports by name, and everything it imports (deps.module_code); a peer's: its
+    checkpoint owner's (its backend is the benchmark's own import)."""
+    from ..deps import module_code
     if name in PEERS:
-        owner = PEERS[name]
-        return sorted({str(SRC / "backends" / "hf_generate.py"), *(source_files(owner) if owner else [])})
+        return source_files(PEERS[name]) if PEERS[name] else []
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join([*METHODS, *PEERS])}")
-    todo, seen = [HERE / f"{METHODS[name].rsplit('.', 1)[1]}.py"], set()
-    while todo:
-        path = todo.pop()
-        if path not in seen:
-            seen.add(path)
-            todo += _local_imports(path)
-    return sorted(str(p) for p in seen)
+    return module_code(METHODS[name])
 
 
 def check_config(config: dict) -> None:
