@@ -540,7 +540,8 @@ def vllm_engine_args(wildcards):
             f" --gpu-memory-utilization {v['gpu_memory_utilization']} --max-model-len {v['max_model_len']}"
             + (f" --kv-cache-memory-bytes {v['kv_cache_memory_bytes']}" if v.get("kv_cache_memory_bytes") else "")
             + (" --in-process" if v.get("in_process", False) else "")
-            + (" --aa-control" if v.get("aa_control", False) else ""))
+            + (" --aa-control" if v.get("aa_control", False) else "")
+            + (" --role lossless" if wildcards.job.startswith(LOSSLESS_JOB) else ""))
 
 
 def variant_params(method, variant):

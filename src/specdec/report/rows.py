@@ -62,6 +62,8 @@ def rows_frame(paths) -> pd.DataFrame:
                                              frame["backend"].map({"vllm": "vllm"}).fillna("specdec"))
     frame["label"] = [s["method"] for s in summaries]   # method/variant, as in the records
     frame["dtype"] = st("dtype")
+    # "lossless": a vLLM job that checks outputs in float32 (vllm.lossless), not a timing
+    frame["role"] = st("role").where(st("role").notna(), "timing")
     frame["dtype_requested"] = st("dtype_requested").where(st("dtype_requested").notna(), frame["dtype"])
     # 0: greedy; a sampled row's temperature (settings.sampling)
     frame["temperature"] = [float((s["settings"].get("sampling") or {}).get("temperature", 0.0)) for s in summaries]

@@ -82,6 +82,12 @@ def _is_null_drafter(method: str) -> bool:
     return method in methods.names() and methods.is_control(method)
 
 
+def lossless_check(rows: pd.DataFrame) -> pd.Series:
+    """Rows of a float32 output-check job (vllm.lossless): their match counts are the result, and
+    their speedups (a few short prompts) are neither results nor controls."""
+    return rows["role"].eq("lossless") if "role" in rows else pd.Series(False, index=rows.index)
+
+
 def control_flags(rows: pd.DataFrame) -> dict[tuple, str]:
     """The negative controls of each job (path, dtype, data set): the null drafter, whose speedup
     must not exceed 1.0 (its interval above 1.0: verifying drafts looks cheaper than a plain step,
@@ -89,7 +95,8 @@ def control_flags(rows: pd.DataFrame) -> dict[tuple, str]:
     must hold 1.0 (excluding it: two identical arms measured apart, so speedups there are off by
     about as much). -> {(job_name, dtype, dataset): what failed, by how much}."""
     out = {}
-    for _, r in rows[rows["speedup"].notna() & rows["ci_low"].notna()].iterrows():
+    timed = rows[rows["speedup"].notna() & rows["ci_low"].notna() & ~lossless_check(rows)]
+    for _, r in timed.iterrows():
         key = (job_name(r), r["dtype"], r["dataset"])
         if _is_null_drafter(r["method"]) and r["ci_low"] > 1.0:
             why = (f"the null drafter ({r['label']}) read {r['speedup']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}], "
@@ -118,6 +125,9 @@ def matches_cell(r) -> str:
 
 
 def path_name(r) -> str:
+    if r["backend"] == "vllm" and r.get("role") == "lossless":
+        ours = ", our proposer" if r.get("proposer") == "specdec" else ""
+        return f"vLLM serial, lossless check{ours}"
     if r["backend"] == "vllm":
         ours = ", our proposer" if r.get("proposer") == "specdec" else ""
         n = int(r["settings.requests_in_flight"])   # serial: 1; batched: the whole batch, up to max_num_seqs
@@ -229,8 +239,10 @@ def headline(frame: pd.DataFrame) -> str:
     torch_rows = frame[(frame["backend"] == "torch") & ~frame["method"].str.startswith("hf_")]
     held = frame[frame["headline"]]
     # vLLM's own implementation of the method, greedy, on the held-out set
-    vllm_held = frame[(frame["backend"] == "vllm") & (frame["dataset"] == HEADLINE["dataset"])
-                      & (frame["proposer"] == "vllm")]
+    vllm = frame[frame["backend"] == "vllm"]
+    vllm_held = vllm[(vllm["dataset"] == HEADLINE["dataset"]) & (vllm["proposer"] == "vllm") & ~lossless_check(vllm)]
+    # vLLM's float32 output check (vllm.lossless), vLLM's implementation of the method
+    vllm_fp32 = vllm[lossless_check(vllm) & (vllm["proposer"] == "vllm")]
     # the train-overlap probe in the held-out rows' dtype; where two jobs ran in it (a float32
     # host planned as a bf16 one, as the smoke config is), the auto job's
     over = torch_rows[(torch_rows["dataset"] == "chat_overlap") & torch_rows["dtype"].isin(held["dtype"])]
@@ -262,6 +274,9 @@ def headline(frame: pd.DataFrame) -> str:
             **({"Train-overlap speedup (best case)": speedup_cell(o.iloc[0]) if len(o) else "-",
                 "Train-overlap tau": _num(o.iloc[0].get("tau"), ".2f") if len(o) else "-"} if len(over) else {}),
             "Lossless (fp32 matches)": ", ".join(f"{matches_cell(c)}" for _, c in checks.iterrows()) or "-",
+            **({"vLLM lossless (fp32 matches)": ", ".join(
+                matches_cell(c) for _, c in vllm_fp32[vllm_fp32["method"] == h["method"]].iterrows()) or "-"}
+               if len(vllm_fp32) else {}),
         })
     if not rows:
         return ""
