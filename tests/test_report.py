@@ -235,3 +235,29 @@ def test_job_costs_sum_snakemakes_benchmark_files(tmp_path):
     publish(str(readme), str(tmp_path / "section.md"), str(tmp_path), str(tmp_path / "none.md"))
     text = readme.read_text()
     assert "old" not in text and "| train_proposer |" in text and text.endswith("<!-- costs:end -->\nafter\n")
+
+
+def test_the_vllm_lossless_job_gives_match_counts_not_speedups(tmp_path):
+    """vllm.lossless rows (settings.role "lossless", float32): their match counts fill the
+    headline's vLLM lossless column; their speedups stay out of its vLLM cells, out of the control
+    checks (a null drafter there reading above 1.0 marks nothing) and out of the plots."""
+    def vllm(method, speedup, requested, role=None, proposer="vllm", ci=None, matches=4):
+        s = summary(method, "bfloat16" if requested == "auto" else "float32", speedup, dataset="chat_heldout",
+                    backend="vllm", requested=requested, ci=ci)
+        s["settings"].update(proposer=proposer, **({"role": role} if role else {}))
+        s["matches_baseline"] = matches
+        return s
+    paths = write(tmp_path, [
+        summary("ngram/k5", "bfloat16", 1.3, dataset="chat_heldout", requested="auto"),
+        summary("ngram/k5", "float32", 1.2, dataset="chat_overlap"),
+        vllm("ngram/k5", 1.25, "auto"),
+        vllm("ngram/k5", 1.9, "float32", role="lossless", matches=3),
+        vllm("null_drafter/k5", 1.5, "float32", role="lossless", proposer="specdec", ci=[1.3, 1.7])])
+    write_report(paths, str(tmp_path / "t.md"), str(tmp_path / "plots"), str(tmp_path / "s.md"),
+                 out_rows=str(tmp_path / "rows.parquet"))
+    tables = (tmp_path / "t.md").read_text()
+    head = tables.split("## Headline")[1].split("\n## ")[0]
+    assert "vLLM lossless (fp32 matches)" in head and "3/4" in head
+    assert "1.25x" in head and "1.90x" not in head
+    assert "Failed controls" not in tables and "(!)" not in tables
+    assert "vLLM serial, lossless check" in tables
