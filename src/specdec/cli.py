@@ -206,7 +206,8 @@ def cmd_bench_vllm(a):
     s = bench_vllm(target_dir=a.target, arms=a.arms, rows=a.rows, modes=a.modes, out_records=a.out_records,
                    out_summary=a.out_summary, dtype=a.dtype, gpu_memory_utilization=a.gpu_memory_utilization,
                    kv_cache_memory_bytes=a.kv_cache_memory_bytes, max_model_len=a.max_model_len,
-                   resamples=a.resamples, in_process=a.in_process, aa_control=a.aa_control, role=a.role)
+                   resamples=a.resamples, in_process=a.in_process, aa_control=a.aa_control, role=a.role,
+                   async_scheduling=a.async_scheduling)
     keys = ("method", "proposer", "mode", "dataset", "throughput_tok_s", "speedup", "speedup_ci",
             "acceptance_rate", "tau", "matches_baseline", "error")
     for row in s["rows"]:
@@ -471,6 +472,9 @@ def _bench_verbs(sub) -> None:
                         "the engines' steps then interleave")
     s.add_argument("--aa-control", action="store_true",
                    help="time a second baseline engine as an arm: the A/A control row (baseline/aa)")
+    s.add_argument("--async-scheduling", choices=["on", "off"],
+                   help="vLLM's async scheduling in every engine of the job (default: vLLM's choice per engine, "
+                        "which turns it off for some speculative methods and not for the baseline)")
     s.add_argument("--role", choices=["timing", "lossless"], default="timing",
                    help="lossless: the job checks outputs against the baseline's (vllm.lossless); its speedups "
                         "are not published as results")

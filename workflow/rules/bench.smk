@@ -17,21 +17,21 @@ wildcard_constraints:
 rule bench_torch:
     input:
         target=TARGET,
-        prompts=dataset_prompts,
+        prompts=lambda wc: PLAN.dataset_prompts(wc.dataset),
         code=code("bench-torch"),
-        method_code=torch_job_sources,
-        checkpoints=torch_job_checkpoints,
+        method_code=lambda wc: PLAN.torch_job_sources(wc.dtype, wc.dataset),
+        checkpoints=lambda wc: PLAN.torch_job_checkpoints(wc.dtype, wc.dataset),
     output:
         records="{root}/torch/{dtype}/{dataset}.jsonl",
         summary="{root}/torch/{dtype}/{dataset}.summary.json",
     params:
         target=target_dir,
-        arms=torch_job_arms,
-        sampling=sampling_args,
-        merged=merged_args,
+        arms=lambda wc: shell_json(PLAN.torch_job_arms(wc.dtype, wc.dataset)),
+        sampling=lambda wc: f"--sampling {shell_json(PLAN.sampling(wc.dataset))}" if PLAN.sampling(wc.dataset) else "",
+        merged=lambda wc: "--require-dtype float32" if PLAN.require_float32(wc.dtype, wc.dataset) else "",
         aa=lambda wc: "--aa-control" if config["bench"]["datasets"][wc.dataset].get("aa_control") else "",
-        limit=lambda wc: bench_setting(wc.dataset, wc.dtype, "prompts"),
-        max_new=lambda wc: bench_setting(wc.dataset, wc.dtype, "max_new_tokens"),
+        limit=lambda wc: PLAN.bench_setting(wc.dataset, wc.dtype, "prompts"),
+        max_new=lambda wc: PLAN.bench_setting(wc.dataset, wc.dtype, "max_new_tokens"),
         warmup=config["bench"]["warmup_prompts"],
         resamples=config["bench"].get("bootstrap_resamples", 10000),
         device=config["device"],
@@ -47,7 +47,7 @@ rule bench_torch:
         "benchmarks/bench_torch/{root}/{dtype}-{dataset}.tsv"
     shell:
         "python -m specdec bench-torch --target {params.target} --prompts {input.prompts} --dataset {wildcards.dataset}"
-        " --arms '{params.arms}' --limit {params.limit} --max-new-tokens {params.max_new}"
+        " --arms {params.arms} --limit {params.limit} --max-new-tokens {params.max_new}"
         " --warmup {params.warmup} --resamples {params.resamples} --dtype {wildcards.dtype}"
         " --device {params.device} --threads {params.threads} {params.sampling} {params.merged} {params.aa}"
         " --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"
@@ -59,13 +59,13 @@ rule bench_torch:
 rule cost_curve:
     input:
         target=TARGET,
-        prompts=lambda wc: sorted({s["prompts"] for s in cost_curve_sets().values()}),
+        prompts=sorted({s["prompts"] for s in PLAN.cost_curve_sets().values()}),
         code=code("cost-curve"),
     output:
         "results/costs/cost_curve.json",
     params:
         target=target_dir,
-        sets=lambda wc: json.dumps(cost_curve_sets()),
+        sets=shell_json(PLAN.cost_curve_sets()),
         # the configured dtypes and every benchmark dtype, so that no PyTorch row goes unchecked
         dtypes=" ".join(dict.fromkeys(config["bench"]["cost_curve"]["dtypes"] + config["bench"]["dtypes"])),
         repeats=config["bench"]["cost_curve"]["repeats"],
@@ -82,6 +82,6 @@ rule cost_curve:
     benchmark:
         "benchmarks/cost_curve/cost_curve.tsv"
     shell:
-        "python -m specdec cost-curve --target {params.target} --sets '{params.sets}' --dtypes {params.dtypes}"
+        "python -m specdec cost-curve --target {params.target} --sets {params.sets} --dtypes {params.dtypes}"
         " --repeats {params.repeats} --warmup {params.warmup} --device {params.device} --threads {params.threads}"
         " --out {output} 2>&1 | tee {log}"

@@ -7,7 +7,7 @@ WIKI = config["data"]["wiki"]
 
 rule chat_set:
     input:
-        unpack(chat_inputs),
+        unpack(lambda wc: PLAN.chat_inputs()),
         target=TARGET,
         code=code("chat-set"),
     output:
@@ -15,7 +15,7 @@ rule chat_set:
         overlap=DATASET_FILES["chat_overlap"],
         heldout=DATASET_FILES["chat_heldout"],
     params:
-        source=chat_source_args,
+        source=lambda wc: PLAN.chat_source_args(),
         target=target_dir,
         c=CHAT,
         device=config["device"],

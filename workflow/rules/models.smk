@@ -27,12 +27,12 @@ rule fetch_wheel:
 
 rule target_model:
     input:
-        unpack(target_inputs),
+        unpack(lambda wc: PLAN.target_inputs()),
         code=code("target"),
     output:
         TARGET,
     params:
-        source=target_source_args,
+        source=lambda wc: PLAN.target_source_args(),
         out=lambda wc, output: os.path.dirname(output[0]),
     threads: rule_threads("target_model")
     resources:

@@ -5,11 +5,11 @@
 
 rule report:
     input:
-        summaries=torch_summaries() + vllm_summaries(),
-        checkpoints=trained_checkpoints(),
+        summaries=PLAN.torch_summaries() + PLAN.vllm_summaries(),
+        checkpoints=PLAN.trained_checkpoints(),
         cost_curve="results/costs/cost_curve.json",
         code=code("report"),
-        method_code=all_method_sources(),  # the report reads each method's module (registry)
+        method_code=PLAN.all_method_sources(),  # the report reads each method's module (registry)
     output:
         rows="results/rows.parquet",
         tables="results/tables.md",
@@ -30,7 +30,7 @@ rule report:
                     labels={"table": "every row", "backend": "all", "dataset": "all"}),
     params:
         configs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.checkpoints),
-        sizing=sizing_note(),
+        sizing=PLAN.sizing_note(),
     threads: rule_threads("report")
     resources:
         **rule_resources("report"),
@@ -53,7 +53,7 @@ rule report:
 # held-out accuracy against training-set size
 rule learning_curve:
     input:
-        checkpoints=learning_curve_checkpoints,
+        checkpoints=lambda wc: PLAN.learning_curve_checkpoints(),
         code=code("learning-curve"),
     output:
         table="results/learning_curve.md",
@@ -83,13 +83,13 @@ use rule bench_torch as ablation_bench with:
         target=TARGET,
         prompts=DATASET_FILES["chat_heldout"],
         code=code("bench-torch"),
-        method_code=ablation_sources,
-        checkpoints=ablation_checkpoints,
+        method_code=lambda wc: PLAN.ablation_sources(),
+        checkpoints=lambda wc: PLAN.ablation_checkpoints(),
     output:
         records="results/ablation/{dtype}/{dataset}.jsonl",
         summary="results/ablation/{dtype}/{dataset}.summary.json",
     params:   # merged into bench_torch's params by keyword
-        arms=ablation_arms,
+        arms=lambda wc: shell_json(PLAN.ablation_arms()),
         sampling="",
         merged="",
         aa="",
@@ -104,13 +104,13 @@ use rule bench_torch as ablation_bench with:
 rule ablation:
     input:
         summary="results/ablation/auto/chat_heldout.summary.json",
-        checkpoints=ablation_checkpoints,
+        checkpoints=lambda wc: PLAN.ablation_checkpoints(),
         code=code("ablation"),
     output:
         table="docs/ablation.md",
         plot="docs/ablation.png",
     params:
-        rows=ablation_rows_json,
+        rows=lambda wc: shell_json(PLAN.ablation_rows_with_arms()),
     threads: rule_threads("report")
     resources:
         **rule_resources("report"),
@@ -121,7 +121,7 @@ rule ablation:
     benchmark:
         "benchmarks/ablation/ablation.tsv"
     shell:
-        "python -m specdec ablation --rows '{params.rows}' --summary {input.summary}"
+        "python -m specdec ablation --rows {params.rows} --summary {input.summary}"
         " --out-table {output.table} --out-plot {output.plot} > {log} 2>&1"
 
 
@@ -129,8 +129,8 @@ rule ablation:
 # trained checkpoints and data are reused), then the per-row drift of the speedups
 rule drift:
     input:
-        first=torch_summaries() + vllm_summaries(),
-        second=torch_summaries("results/rerun") + vllm_summaries("results/rerun"),
+        first=PLAN.torch_summaries() + PLAN.vllm_summaries(),
+        second=PLAN.torch_summaries("results/rerun") + PLAN.vllm_summaries("results/rerun"),
         code=code("drift"),
     output:
         "results/drift.md",

@@ -17,7 +17,7 @@ rule export_vllm:
         checkpoint="checkpoints/{method}/{name}/manifest.json",
         target=TARGET,
         code=code("export-vllm"),
-        method_code=lambda wc: method_sources(wc.method),
+        method_code=lambda wc: PLAN.method_sources(wc.method),
     output:
         "checkpoints/vllm_exports/{method}-{name}/manifest.json",
     params:
@@ -39,18 +39,18 @@ rule export_vllm:
 rule bench_vllm:
     input:
         target=TARGET,
-        prompts=vllm_job_prompts,
+        prompts=lambda wc: PLAN.vllm_job_prompts(wc.job),
         code=code("bench-vllm"),
-        method_code=vllm_job_sources,  # their vLLM mappings
-        exports=vllm_job_exports,
+        method_code=lambda wc: PLAN.vllm_job_sources(wc.job),  # their vLLM mappings
+        exports=lambda wc: PLAN.vllm_job_exports(wc.job),
     output:
         records="{root}/vllm/{job}.jsonl",
         summary="{root}/vllm/{job}.summary.json",
     params:
         target=target_dir,
-        arms=vllm_job_arms,
-        rows=vllm_rows_arg,
-        engine=vllm_engine_args,
+        arms=lambda wc: shell_json(PLAN.vllm_job_arms(wc.job)),
+        rows=lambda wc: shell_json(PLAN.vllm_rows(wc.job)),
+        engine=lambda wc: PLAN.vllm_engine_args(wc.job),
         resamples=config["bench"].get("bootstrap_resamples", 10000),
     threads: rule_threads("bench_vllm")
     resources:
@@ -62,6 +62,6 @@ rule bench_vllm:
     benchmark:
         "benchmarks/bench_vllm/{root}/{job}.tsv"
     shell:
-        "python -m specdec bench-vllm --target {params.target} --arms '{params.arms}' --rows '{params.rows}'"
+        "python -m specdec bench-vllm --target {params.target} --arms {params.arms} --rows {params.rows}"
         " {params.engine} --resamples {params.resamples}"
         " --out-records {output.records} --out-summary {output.summary} > {log} 2>&1"

@@ -216,7 +216,8 @@ MODE_ORDER = {"serial": 0, "batched": 1}
 def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: dict, out_records: str,
                out_summary: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85,
                kv_cache_memory_bytes: int | None = None, max_model_len: int = 4096, resamples: int = 10000,
-               seed: int = 0, in_process: bool = False, aa_control: bool = False, role: str = "timing") -> dict:
+               seed: int = 0, in_process: bool = False, aa_control: bool = False, role: str = "timing",
+               async_scheduling: str | None = None) -> dict:
     """Every arm against one baseline engine, all in this process: the baseline's engine and one
     engine per arm start once, and each row times them all on the same prompts in a rotating
     order (serial: prompt by prompt; batched: round by round), so every speedup is paired and the
@@ -232,7 +233,10 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
     max_num_seqs, and a row keeps its mode's number of requests in flight (serial: one).
     `aa_control`: a second baseline engine runs every row as an arm (AA_CONTROL). `role`
     "lossless": the job is the float32 output check (settings.role; the report shows its match
-    counts, not its speedups, as results). Writes one
+    counts, not its speedups, as results). `async_scheduling` "on"/"off": vLLM's async scheduling
+    in every engine; None leaves vLLM's choice, which disables it for the speculative methods that
+    do not support it (n-gram, suffix, Medusa, the custom proposer hook) and keeps it for the
+    baseline, so the arms would not step the same way. Writes one
     summary file, {"rows": [row summary, ...]}, and one records file (every arm of every row,
     each record with its row's mode and its proposer)."""
     check_arms(arms, rows, modes)
@@ -246,6 +250,8 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
     max_num_seqs = max(modes[r["mode"]]["max_num_seqs"] for r in rows)
     engine_kwargs = {"dtype": dt["dtype"], "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
                      "enforce_eager": True, "seed": seed}
+    if async_scheduling is not None:
+        engine_kwargs["async_scheduling"] = async_scheduling == "on"
     if kv_cache_memory_bytes:
         engine_kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     else:
@@ -257,6 +263,7 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
                 "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes,
                 "max_model_len": max_model_len, "target": str(target_dir), "seed": seed, "in_process": in_process,
                 "ld_preload": os.environ.get("LD_PRELOAD") or None, "aa_control": aa_control, "role": role,
+                "async_scheduling": async_scheduling or "vllm's default per engine",
                 "arms": [BASELINE] + ([AA_KEY] if aa_control else []) + [arm_key(a) for a in arms]}
 
     from vllm import LLM

@@ -19,7 +19,7 @@ A method's module is the one place that defines it:
     vllm_config(params, export_dir) -> vLLM's speculative_config
     export_vllm(ckpt_dir, target_dir, out_dir), when VLLM.export is set
 
-The core never imports from here; the backends, the CLI and the workflow (common.smk) read it.
+The core never imports from here; the backends, the CLI and the workflow's planner (specdec.plan) read it.
 Hugging Face `generate` peers (backends/hf_generate.py) are listed in PEERS.
 """
 from __future__ import annotations
