@@ -200,7 +200,8 @@ def test_eval_proxy_is_logged_during_training(tmp_path):
 
 
 def test_learning_curve_table_and_plot(tmp_path):
-    from specdec.report.tables import learning_curve_frame, render_learning_curve, write_learning_curve
+    from specdec.report.build import write_learning_curve
+    from specdec.report.tables import learning_curve_frame, render_learning_curve
     dirs = []
     for n, acc in ((100, 0.2), (1000, 0.4), (300, 0.3)):
         d = tmp_path / f"c{n}"

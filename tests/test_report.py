@@ -4,10 +4,11 @@ from xml.etree import ElementTree
 import pandas as pd
 import pytest
 
+from specdec.report.build import write_report
 from specdec.report.drift import write_drift
 from specdec.report.publish import patch, publish
 from specdec.report.rows import rows_frame
-from specdec.report.tables import END, START, write_report
+from specdec.report.tables import END, START
 
 CPU = {"cpu_model": "AMD EPYC", "isa": "AVX2", "native_bf16": False, "bf16_flags": []}
 
@@ -261,3 +262,19 @@ def test_the_vllm_lossless_job_gives_match_counts_not_speedups(tmp_path):
     assert "1.25x" in head and "1.90x" not in head
     assert "Failed controls" not in tables and "(!)" not in tables
     assert "vLLM serial, lossless check" in tables
+
+
+def test_a_cli_error_is_one_line_and_its_traceback_one_variable_away(tmp_path, capsys, monkeypatch):
+    """specdec prints one line naming the problem; SPECDEC_TRACEBACK=1 adds the traceback."""
+    from specdec.cli import main
+    args = ["report", "--summaries", str(tmp_path / "none.json"), "--out-tables", str(tmp_path / "t.md"),
+            "--out-rows", str(tmp_path / "r.parquet"), "--plots-dir", str(tmp_path), "--readme-section",
+            str(tmp_path / "s.md")]
+    monkeypatch.delenv("SPECDEC_TRACEBACK", raising=False)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "none.json: file not found" in err and "Traceback" not in err
+    monkeypatch.setenv("SPECDEC_TRACEBACK", "1")
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.rstrip().endswith("none.json: file not found")

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 
@@ -281,14 +282,14 @@ def cmd_generate(a):
 
 
 def cmd_report(a):
-    from .report.tables import write_report
+    from .report.build import write_report
     write_report(a.summaries, a.out_tables, a.plots_dir, a.readme_section, a.checkpoints,
                  out_rows=a.out_rows, out_csv=a.out_csv, out_html=a.out_html, sizing=a.sizing,
                  cost_curve=a.cost_curve, out_cost_table=a.out_cost_table)
 
 
 def cmd_learning_curve(a):
-    from .report.tables import write_learning_curve
+    from .report.build import write_learning_curve
     write_learning_curve(a.checkpoints, a.out_table, a.out_plot)
 
 
@@ -575,6 +576,9 @@ def main(argv=None) -> int:
     try:
         args.func(args)
     except (ValueError, RuntimeError, OSError) as e:
+        # one line naming the problem; the traceback with SPECDEC_TRACEBACK=1
+        if os.environ.get("SPECDEC_TRACEBACK"):
+            traceback.print_exc()
         print(f"specdec {args.verb}: error: {e}", file=sys.stderr)
         return 1
     finally:
