@@ -10,9 +10,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from ..core.loop import DecodeResult
-
-PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
-ASSISTED_OPTIONS = {"num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"}
+from ..methods.hf_peers import PEERS
 
 
 class _FirstTokenClock(BaseStreamer):
@@ -31,28 +29,21 @@ class _FirstTokenClock(BaseStreamer):
 
 
 def peer_kwargs(method: str, params: dict, model=None) -> dict:
-    if method == "hf_generate":
-        if params:
-            raise ValueError(f"hf_generate takes no parameters, got {params}")
-        return {}
-    if method == "hf_prompt_lookup":
-        unknown = set(params) - {"prompt_lookup_num_tokens", "max_matching_ngram_size"}
-        if unknown:
-            raise ValueError(f"hf_prompt_lookup: unknown parameters {sorted(unknown)}")
-        return dict(params)
-    if method == "hf_assisted":
-        unknown = set(params) - ASSISTED_OPTIONS - {"checkpoint"}
-        if unknown or "checkpoint" not in params:
-            raise ValueError(f"hf_assisted: needs checkpoint (a draft_model checkpoint), takes "
-                             f"{sorted(ASSISTED_OPTIONS)}; got {sorted(params)}")
-        from ..methods.draft_lm import load_draft_lm
-        device = next(model.parameters()).device
-        _, draft = load_draft_lm(params["checkpoint"], "draft_model", model.config, model.dtype, device)
-        gen = draft.generation_config   # generate() reads the assistant's settings from here
-        for k in ASSISTED_OPTIONS & set(params):
-            setattr(gen, k, params[k])
-        return {"assistant_model": draft}
-    raise ValueError(f"unknown Hugging Face peer {method!r}")
+    """generate()'s keywords for a peer's variant (methods/hf_peers.py declares what it takes)."""
+    if method not in PEERS:
+        raise ValueError(f"unknown Hugging Face peer {method!r}")
+    peer = PEERS[method]
+    peer.check(method, params)
+    kwargs = {k: v for k, v in params.items() if k != "checkpoint"}
+    if peer.owner is None:
+        return kwargs
+    from ..methods.draft_lm import load_draft_lm
+    device = next(model.parameters()).device
+    _, draft = load_draft_lm(params["checkpoint"], peer.owner, model.config, model.dtype, device)
+    gen = draft.generation_config   # generate() reads the assistant's settings from here
+    for k, v in kwargs.items():
+        setattr(gen, k, v)
+    return {"assistant_model": draft}
 
 
 @torch.inference_mode()

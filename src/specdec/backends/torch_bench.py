@@ -31,9 +31,9 @@ from ..core.stats import AA_CONTROL, BASELINE, arm_label, paired_bootstrap, rota
 from ..core.target import TargetModel, linear_route
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
-from ..methods import build_proposer
+from ..methods import PEERS, build_proposer
 from ..models import eos_token_ids, load_causal_lm, load_tokenizer, set_threads
-from .hf_generate import PEERS, hf_decode, peer_kwargs
+from .hf_generate import hf_decode, peer_kwargs
 
 DRAFT_MARGIN = 64  # room left in the context for draft nodes
 WARMUP_TOKENS = 16  # a warm-up decode runs prefill and steady-state steps; more tokens add nothing
@@ -156,10 +156,9 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
                     "compare_with": arm.get("compare_with"),
                     "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
         row = summarize(records[label], base, settings, skipped, resamples)
-        if arm["method"] == "hf_prompt_lookup":
-            row["draft_shape"] = f"chain k={arm['params'].get('prompt_lookup_num_tokens', 10)}"
-        else:
-            row["draft_shape"] = getattr(runners[label][1], "draft_shape", None)
+        peer = PEERS.get(arm["method"])
+        row["draft_shape"] = (peer.draft_shape(arm.get("params") or {}) if peer
+                              else getattr(runners[label][1], "draft_shape", None))
         if arm.get("compare_with"):
             row["same_run"] = same_run_comparison(records[label], records[arm["compare_with"]],
                                                   arm["compare_with"], resamples)

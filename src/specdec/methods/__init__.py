@@ -13,6 +13,8 @@ A method's module is the one place that defines it:
     TRAIN_SETTINGS  settings section -> dataclass (besides "train", the shared loop's)
     hidden_taps(config, settings), setup(target, data, settings, tcfg, device) -> Trainee
     load_module(checkpoint, target_model)    the trained module, as inference loads it
+    EXAMPLES        (optional) what a training example is: "records" (default; a batch draws
+                    records) or "positions" (Medusa: a batch draws single positions)
   served by vLLM:
     VLLM            a VllmServing: whether vLLM loads an export, and how; whether our own
                     proposer can run inside vLLM's scheduler (the custom proposer hook)
@@ -20,7 +22,7 @@ A method's module is the one place that defines it:
     export_vllm(ckpt_dir, target_dir, out_dir), when VLLM.export is set
 
 The core never imports from here; the backends, the CLI and the workflow's planner (specdec.plan) read it.
-Hugging Face `generate` peers (backends/hf_generate.py) are listed in PEERS.
+Hugging Face `generate` peers are declared in hf_peers.py (PEERS) and run by backends/hf_generate.py.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ import dataclasses
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from .hf_peers import PEERS  # the Hugging Face `generate` peers: what each takes and loads
 
 
 def _discover() -> dict[str, str]:
@@ -47,8 +51,6 @@ def _discover() -> dict[str, str]:
 
 
 METHODS = _discover()   # ngram, suffix, medusa, mtp, draft_model, pard, eagle3, null_drafter (a control)
-# Hugging Face peers -> the method whose checkpoints they load (None: no checkpoint)
-PEERS = {"hf_generate": None, "hf_prompt_lookup": None, "hf_assisted": "draft_model"}
 
 # keys of a config variant that select where it runs; the rest are the method's parameters
 VARIANT_SCOPE = ("datasets", "dtypes")
@@ -106,7 +108,8 @@ def variant_params(variant: dict) -> dict:
 def check_params(name: str, params: dict, where: str = "params") -> None:
     """A variant's parameters against the method's PARAMS dataclass (names and required fields)."""
     if name in PEERS:
-        return   # a peer checks its keywords itself (backends/hf_generate.py peer_kwargs)
+        PEERS[name].check(f"{where}: {name}", params)
+        return
     _check_fields(module(name).PARAMS, params, where)
 
 
@@ -166,9 +169,14 @@ def export_vllm(name: str, **kwargs) -> None:
     module(name).export_vllm(**kwargs)
 
 
+def examples_unit(name: str) -> str:
+    """What one training example of a learned method is: "records" or "positions"."""
+    return getattr(module(name), "EXAMPLES", "records")
+
+
 def checkpoint_owner(name: str) -> str:
     """The method whose checkpoints `name` loads (a peer may load another method's)."""
-    return PEERS.get(name) or name
+    return PEERS[name].owner or name if name in PEERS else name
 
 
 def source_files(name: str) -> list[str]:
@@ -177,7 +185,7 @@ def source_files(name: str) -> list[str]:
     checkpoint owner's (its backend is the benchmark's own import)."""
     from ..deps import module_code
     if name in PEERS:
-        return source_files(PEERS[name]) if PEERS[name] else []
+        return source_files(PEERS[name].owner) if PEERS[name].owner else []
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join([*METHODS, *PEERS])}")
     return module_code(METHODS[name])

@@ -155,6 +155,7 @@ def calibration_sample(n: int, k: int | None) -> torch.Tensor:
 
 
 TRAIN_SETTINGS = {"medusa": MedusaTrainConfig}
+EXAMPLES = "positions"   # a training batch draws single positions, not records (setup)
 
 
 def hidden_taps(config, settings: dict) -> list[int]:

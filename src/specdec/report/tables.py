@@ -288,7 +288,8 @@ def peer_lines(frame: pd.DataFrame) -> list[str]:
                    f"**{r['same_run.counterpart_speedup']:.2f}x** [{lo:.2f}, {hi:.2f}] its speed, same "
                    f"process, alternating; identical outputs on {int(r['same_run.same_outputs'])}/"
                    f"{int(r['prompts'])} prompts.")
-    hf = frame[(frame["method"] == "hf_generate") & frame["speedup"].notna()]
+    baseline_peer = frame["method"].map(lambda m: m in methods.PEERS and methods.PEERS[m].baseline).astype(bool)
+    hf = frame[baseline_peer & frame["speedup"].notna()]
     for _, r in hf.iterrows():
         out.append(f"- HF `generate` ({r['dataset']}, {dtype_name(r)}): our baseline loop ran "
                    f"**{1 / r['speedup']:.2f}x** [{1 / r['ci_high']:.2f}, {1 / r['ci_low']:.2f}] its speed.")
@@ -361,7 +362,7 @@ def learning_curve_frame(ckpt_dirs) -> pd.DataFrame:
         ev, steps, batch = c["eval_proxy"], c["train"]["steps"], c["train"]["batch_size"]
         key = proxy_key(ev)
         rows.append({"checkpoint": d, "method": c["method"], "records": records, "steps": steps,
-                     "passes": steps * batch / records if c["method"] != "medusa" else None,
+                     "passes": steps * batch / records if methods.examples_unit(c["method"]) == "records" else None,
                      "heldout_step1": ev["heldout"][key][0], "overlap_step1": ev["overlap"][key][0]})
     return pd.DataFrame(rows).sort_values("records")
 

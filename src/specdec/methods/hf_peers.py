@@ -1,0 +1,45 @@
+"""The Hugging Face `generate` peers, declared once: what each takes and loads. They are not
+methods of ours (no NAME: the registry lists them apart, as PEERS); backends/hf_generate.py runs
+them with the benchmark's prompts, records and summary schema.
+
+    options   the generate() keywords a variant may set
+    owner     the method whose checkpoint it loads (its `checkpoint` parameter), or None
+    baseline  the peer of our baseline loop (plain greedy generate)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Peer:
+    options: frozenset = frozenset()
+    owner: str | None = None
+    baseline: bool = False
+    default_draft_len: int | None = None   # generate()'s own default for its draft length option
+    draft_len_option: str | None = None
+
+    def check(self, name: str, params: dict) -> None:
+        """A variant's parameters: known options, and the checkpoint where the peer loads one."""
+        allowed = self.options | ({"checkpoint"} if self.owner else set())
+        unknown = sorted(set(params) - allowed)
+        if unknown or (self.owner and "checkpoint" not in params):
+            needs = f"needs checkpoint (a {self.owner} checkpoint), " if self.owner else ""
+            raise ValueError(f"{name}: {needs}takes {sorted(self.options) or 'no parameters'}; got {sorted(params)}")
+
+    def draft_shape(self, params: dict) -> str | None:
+        """The draft it proposes, as the tables print it (None: no fixed shape)."""
+        if self.draft_len_option is None:
+            return None
+        return f"chain k={params.get(self.draft_len_option, self.default_draft_len)}"
+
+
+PEERS = {
+    "hf_generate": Peer(baseline=True),
+    # prompt lookup (prompt_lookup_num_tokens: generate()'s default is 10): the n-gram method's peer
+    "hf_prompt_lookup": Peer(options=frozenset({"prompt_lookup_num_tokens", "max_matching_ngram_size"}),
+                             draft_len_option="prompt_lookup_num_tokens", default_draft_len=10),
+    # assisted generation with the same draft checkpoint: the draft model's peer
+    "hf_assisted": Peer(options=frozenset({"num_assistant_tokens", "num_assistant_tokens_schedule",
+                                           "assistant_confidence_threshold"}), owner="draft_model"),
+}
