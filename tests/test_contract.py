@@ -3,7 +3,10 @@ these tests by registering): its declarations, lossless greedy decoding in fp32,
 is lossless in distribution, a reused proposer equal to a fresh one, and for learned methods a
 checkpoint that reproduces its eval proxy, resumes, and refuses another target. Each method's
 EXAMPLE is the variant under test (and its vllm_params variant where that differs)."""
+import ast
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -406,3 +409,24 @@ def test_auto_train_dtype_is_probed_and_recorded(world, tmp_path, monkeypatch, p
     again = reevaluate(methods.module(method), str(tmp_path), hidden_path=str(world["hidden"]),
                        target_dir=str(world["target_dir"]), settings=settings, overlap=4)
     assert again == json.loads((tmp_path / "config.json").read_text())["eval_proxy"]
+
+
+@pytest.mark.parametrize("drop, missing", [
+    ("def setup", "setup (a learned method: it declares TRAIN_SETTINGS, hidden_taps, load_module)"),
+    ("def build", "build"),
+    ("def vllm_config", "vllm_config"),
+    ("def export_vllm", "export_vllm"),
+    ("EXAMPLE =", "EXAMPLE"),
+])
+def test_a_method_module_missing_a_part_fails_at_registry_import(tmp_path, drop, missing):
+    """The registry checks each method module's parts when it discovers it: a learned method that
+    forgets setup is an error naming the module and the part, not a training-free method."""
+    source = Path(methods.module("eagle3").__file__).read_text()
+    tree = ast.parse(source)
+    kept = [n for n in tree.body if not ast.get_source_segment(source, n).startswith(drop)]
+    assert len(kept) == len(tree.body) - 1, drop
+    (tmp_path / "eagle3.py").write_text(source)
+    assert methods._discover(tmp_path, "pkg") == {"eagle3": "pkg.eagle3"}
+    (tmp_path / "eagle3.py").write_text("\n\n".join(ast.get_source_segment(source, n) for n in kept))
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'eagle3.py'}: method module lacks {missing}")):
+        methods._discover(tmp_path, "pkg")

@@ -21,6 +21,10 @@ A method's module is the one place that defines it:
     vllm_config(params, export_dir) -> vLLM's speculative_config
     export_vllm(ckpt_dir, target_dir, out_dir), when VLLM.export is set
 
+The registry checks each module's parts when it finds it (check_parts): every method's, all the
+learned parts once one is declared, and vllm_config (export_vllm where VLLM names an export) for
+a method vLLM serves; a missing one is an error naming the module and the part.
+
 The core never imports from here; the backends, the CLI and the workflow's planner (specdec.plan) read it.
 Hugging Face `generate` peers are declared in hf_peers.py (PEERS) and run by backends/hf_generate.py.
 """
@@ -34,19 +38,69 @@ from pathlib import Path
 
 from .hf_peers import PEERS  # the Hugging Face `generate` peers: what each takes and loads
 
+# the parts a method module declares (the docstring above says what each is): every method's;
+# a learned method's, all of them once it declares any; and what a method vLLM serves needs
+REQUIRED = ("NAME", "PARAMS", "EXAMPLE", "build")
+LEARNED = ("TRAIN_SETTINGS", "hidden_taps", "setup", "load_module")
+SERVED = ("vllm_config",)
 
-def _discover() -> dict[str, str]:
-    """name -> module for every module of this package that declares a top-level `NAME = "..."`,
+
+def _declared(tree: ast.Module) -> set[str]:
+    """The names a module binds at top level: definitions, assignments and imports."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names}
+    return names
+
+
+def _exports(tree: ast.Module) -> bool:
+    """Whether the module's VLLM = VllmServing(...) names an export (export="draft"/"model")."""
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["VLLM"]
+                and isinstance(node.value, ast.Call)):
+            return any(k.arg == "export" and not (isinstance(k.value, ast.Constant) and k.value.value is None)
+                       for k in node.value.keywords)
+    return False
+
+
+def check_parts(path: Path, tree: ast.Module) -> None:
+    """A method module declares every part its kind needs; raises naming the module and the parts."""
+    names = _declared(tree)
+    missing = [p for p in REQUIRED if p not in names]
+    learned = [p for p in LEARNED if p in names]
+    if learned:   # one learned part makes it a learned method: a forgotten setup is an error, not training-free
+        missing += [p for p in LEARNED if p not in names]
+    if "VLLM" in names:
+        missing += [p for p in SERVED if p not in names]
+        if _exports(tree) and "export_vllm" not in names:
+            missing.append("export_vllm")
+    if missing:
+        kind = f" (a learned method: it declares {', '.join(learned)})" if learned else ""
+        raise ValueError(f"{path}: method module lacks {', '.join(missing)}{kind}")
+
+
+def _discover(directory: Path = Path(__file__).parent, package: str = __name__) -> dict[str, str]:
+    """name -> module for every module of the package that declares a top-level `NAME = "..."`,
     read from its source (nothing is imported): adding a method is adding its file. Code shared
-    by methods (draft_lm.py) declares no NAME."""
+    by methods (draft_lm.py) and the peers (hf_peers.py) declare no NAME. Each method module is
+    checked for the parts its kind needs (check_parts)."""
     found = {}
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        for node in ast.parse(path.read_text(), filename=str(path)).body:
+    for path in sorted(directory.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in tree.body:
             if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["NAME"]
                     and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
                 if node.value.value in found:
                     raise ValueError(f"{path}: NAME {node.value.value!r} is already {found[node.value.value]}'s")
-                found[node.value.value] = f"{__name__}.{path.stem}"
+                check_parts(path, tree)
+                found[node.value.value] = f"{package}.{path.stem}"
     return found
 
 
