@@ -3,7 +3,7 @@
 import pytest
 
 from specdec import host
-from specdec.models import torch_dtype
+from specdec.host import torch_dtype
 
 
 @pytest.fixture

@@ -95,7 +95,7 @@ def test_vllm_cpu_kernel_rebinding_is_repaired_for_engines_after_an_ngram_one():
 import llvmlite.binding
 import vllm._custom_ops
 from vllm.platforms.cpu import CpuPlatform
-from specdec.backends.vllm_bench import repair_cpu_rebind
+from specdec.backends.vllm_cpu import repair_cpu_rebind
 try:
     CpuPlatform.register_triton_kernel_overrides()
     print("registered")
@@ -136,7 +136,7 @@ def test_batched_summary_has_the_same_fields_as_the_torch_one():
 def test_bench_vllm_reexecs_once_with_intel_openmp_preloaded(monkeypatch, tmp_path):
     """vLLM on CPU wants libiomp in LD_PRELOAD; the CLI re-execs itself with the environment's
     libiomp5.so (from the intel-openmp wheel) when it is there and not yet preloaded."""
-    from specdec.backends import vllm_bench as cli
+    from specdec.backends import vllm_cpu as cli
     lib = tmp_path / "lib" / "libiomp5.so"
     lib.parent.mkdir()
     lib.write_bytes(b"")
@@ -236,7 +236,7 @@ import torch
 import vllm._custom_ops
 from vllm.platforms.cpu import CpuPlatform
 from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
-from specdec.backends.vllm_bench import repair_cpu_expand
+from specdec.backends.vllm_cpu import repair_cpu_expand
 CpuPlatform.register_triton_kernel_overrides()
 x, cu = torch.tensor([0.7, 0.0, 0.01]), torch.tensor([3, 4, 6], dtype=torch.int32)
 note = repair_cpu_expand()

