@@ -10,8 +10,9 @@ class applied) and decides what `workflow/rules/*.smk` only wires up:
 - the files each job depends on: prompts, checkpoints, exports, and each method's code.
 
 It raises `ConfigError` naming the config key on a config that plans a job wrongly (a variant
-that runs in no job, a data set no entry defines). No Snakemake here: the rules call it through
-thin accessors in `workflow/rules/common.smk`, and `tests/test_plan.py` tests it directly.
+that runs in no job, a data set no entry defines). No workflow here (only Snakemake's config
+merge): the rules call it through thin accessors in `workflow/rules/common.smk`, and
+`tests/test_plan.py` tests it directly.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import shlex
 from pathlib import Path
 
 import yaml
+from snakemake.utils import update_config
 
 from . import host
 from . import methods as registry
@@ -49,15 +51,6 @@ class ConfigError(ValueError):
     """A config that plans no valid DAG; the message names the config key."""
 
 
-def merge(base: dict, layer: dict) -> None:
-    """Merge `layer` into `base` in place, recursively (Snakemake's update_config)."""
-    for key, value in layer.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            merge(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-
-
 def load(configfile: str | Path, *layers: dict, host_class: str | None = None) -> Plan:
     """The plan of one config file as the Snakefile builds it: the file, its sizing for the host
     class (None: the config's `sizing.host`, where `auto` is this machine's), then `layers`
@@ -67,7 +60,7 @@ def load(configfile: str | Path, *layers: dict, host_class: str | None = None) -
         config.setdefault("sizing", {})["host"] = host_class
     sized_for, sizing = host.sizing(config)
     for layer in [sizing, *layers]:
-        merge(config, layer)
+        update_config(config, copy.deepcopy(layer))
     return Plan(config, sized_for, sizing)
 
 
@@ -146,7 +139,7 @@ class Plan:
             for k in range(len(changes) + 1):
                 settings, completions = copy.deepcopy(base), c["data"]["chat"]["train_completions"]
                 for change in reversed(changes[k:]):  # the latest change first: an earlier one overrides it
-                    merge(settings, change.get("before", {}).get(method, {}))
+                    update_config(settings, copy.deepcopy(change.get("before", {}).get(method, {})))
                     completions = change.get("completions", completions)
                 reference = completions != c["data"]["chat"]["train_completions"]
                 key = json.dumps([settings, reference], sort_keys=True)
