@@ -81,6 +81,12 @@ def _packed_linear(self, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
+def onednn_bf16() -> bool:
+    """Whether this torch build and CPU run oneDNN's bf16 linear (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def pack_linears(model) -> str:
     """Route the bf16 nn.Linear layers of a CPU model through oneDNN with prepacked weights, in
     place (the modeling code is untouched: each layer's forward is rebound). F.linear on a bf16 CPU
@@ -88,11 +94,12 @@ def pack_linears(model) -> str:
     matmul itself when one token reads the whole weight; prepacked, a decode step reads each weight
     once. Outputs are bit-identical (tests/test_target.py). The weights must not change afterwards
     (inference only). Returns the route the model's linears take: "onednn_prepacked" or "aten"
-    (not bf16, not the CPU, or no oneDNN in this torch build)."""
+    (not bf16, not the CPU, no oneDNN in this torch build, or a CPU whose oneDNN has no bf16 path:
+    AVX2 only, where the reorder refuses bf16)."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     if not linears or not all(m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu" for m in linears):
         return "aten"
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+    if not onednn_bf16():
         return "aten"
     for m in linears:
         if not hasattr(m, "packed_weight"):
