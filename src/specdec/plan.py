@@ -192,6 +192,11 @@ class Plan:
                               "(checkpoint: method/name, records: [N, ...])")
         return [f"{d}/manifest.json" for d in self.learning_curve]
 
+    def learning_curve_sources(self) -> list[str]:
+        """The curve's method's files: the learning curve reads its module (registry.examples_unit)."""
+        self.learning_curve_checkpoints()
+        return self.method_sources(self.config["train"]["learning_curve"]["checkpoint"].partition("/")[0])
+
     def checkpoint_dir(self, method: str, name: str) -> str:
         method = registry.checkpoint_owner(method)  # a Hugging Face peer may run one of our checkpoints
         if name not in self.config.get("train", {}).get("checkpoints", {}).get(method, {}):

@@ -55,6 +55,7 @@ rule learning_curve:
     input:
         checkpoints=lambda wc: PLAN.learning_curve_checkpoints(),
         code=code("learning-curve"),
+        method_code=lambda wc: PLAN.learning_curve_sources(),  # the report reads its method's module
     output:
         table="results/learning_curve.md",
         plot=report("results/plots/learning_curve.png", caption="../report/learning_curve.rst", category="Results",

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from torch import nn
 
+from ..models import load_causal_lm
 from . import loop
 from .checkpoint import checkpoint_record
 from .hidden import HiddenStates, Sequence
@@ -69,7 +70,6 @@ def frozen_target(target, dtype: str, device: str):
     """The target loaded again in the compute dtype on the device, frozen: for a method that runs
     target modules in training (loading keeps the rotary frequencies in fp32, as inference does;
     casting the fp32 model would round them)."""
-    from ..models import load_causal_lm
     model = load_causal_lm(target.name_or_path, dtype, device)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -77,7 +77,6 @@ def frozen_target(target, dtype: str, device: str):
 
 
 def _prepare(method, hidden_path: str, target_dir: str, settings: dict, overlap: int):
-    from ..models import load_causal_lm
     tcfg = loop.TrainConfig(**settings.get("train", {}))
     # on the CPU in fp32: a method loads what it runs in training on the device itself (frozen_target)
     target = load_causal_lm(target_dir, "float32")

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from ..core.target import tap_hooks
 from ..data.records import atomic_path, read_jsonl
+from ..models import load_causal_lm
 
 IGNORE = -1   # a position without a label
 # what a tap means (core.target): files that lack it, or say otherwise, are refused
@@ -99,7 +100,6 @@ def write_hidden_states(target_dir: str, splits: dict[str, str], taps: list[int]
                         store_dtype: str | None = None, soft_topk: int = 0) -> None:
     """`dtype`: the forward's; `store_dtype`: the stored states' (None: the forward's); soft_topk:
     how many of the target's most likely next tokens are kept as soft labels (0: none)."""
-    from ..models import load_causal_lm
     model = load_causal_lm(target_dir, dtype, device)
     store = getattr(torch, store_dtype or dtype)
     tensors = {}
