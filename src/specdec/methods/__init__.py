@@ -60,14 +60,17 @@ def _declared(tree: ast.Module) -> set[str]:
     return names
 
 
+def _assigned(tree: ast.Module, name: str) -> ast.expr | None:
+    """The value of the module's top-level `name = ...`, or None."""
+    return next((node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and [getattr(t, "id", None) for t in node.targets] == [name]), None)
+
+
 def _exports(tree: ast.Module) -> bool:
     """Whether the module's VLLM = VllmServing(...) names an export (export="draft"/"model")."""
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["VLLM"]
-                and isinstance(node.value, ast.Call)):
-            return any(k.arg == "export" and not (isinstance(k.value, ast.Constant) and k.value.value is None)
-                       for k in node.value.keywords)
-    return False
+    value = _assigned(tree, "VLLM")
+    return isinstance(value, ast.Call) and any(
+        k.arg == "export" and not (isinstance(k.value, ast.Constant) and k.value.value is None) for k in value.keywords)
 
 
 def check_parts(path: Path, tree: ast.Module) -> None:
@@ -94,13 +97,12 @@ def _discover(directory: Path = Path(__file__).parent, package: str = __name__) 
     found = {}
     for path in sorted(directory.glob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
-        for node in tree.body:
-            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["NAME"]
-                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-                if node.value.value in found:
-                    raise ValueError(f"{path}: NAME {node.value.value!r} is already {found[node.value.value]}'s")
-                check_parts(path, tree)
-                found[node.value.value] = f"{package}.{path.stem}"
+        value = _assigned(tree, "NAME")
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            if value.value in found:
+                raise ValueError(f"{path}: NAME {value.value!r} is already {found[value.value]}'s")
+            check_parts(path, tree)
+            found[value.value] = f"{package}.{path.stem}"
     return found
 
 
