@@ -84,8 +84,8 @@ class Plan:
         """Every planned benchmark and training job: {"bench_torch": {"<dtype>/<set>": [arms]},
         "bench_vllm": {job: [arms]}, "train": [checkpoints], "export_vllm": [exports]}."""
         c = self.config
-        torch = {f"{t}/{d}": [f"{m}/{v}" for m, v in self.torch_arms(t, d)]
-                 for t in c["bench"]["dtypes"] for d in c["bench"]["datasets"] if self.torch_arms(t, d)}
+        torch = {f"{t}/{d}": [f"{m}/{v}" for m, v in arms] for t in c["bench"]["dtypes"]
+                 for d in c["bench"]["datasets"] if (arms := self.torch_arms(t, d))}
         vllm = {job: [f"{e}:{m}/{v}" for (e, m, v), _ in arms] for job, arms in self.vllm_jobs.items()}
         exports = sorted({os.path.dirname(p) for job in self.vllm_jobs for p in self.vllm_job_exports(job)})
         return {"bench_torch": torch, "bench_vllm": vllm,
@@ -491,8 +491,8 @@ class Plan:
 
     def vllm_job_exports(self, job: str) -> list[str]:
         """The manifests (written last) of the exports the job's arms run from."""
-        return sorted({f"{self.vllm_export(m, v)}/manifest.json" for (engine, m, v), _ in self.vllm_jobs[job]
-                       if engine == "vllm" and self.vllm_export(m, v)})
+        exports = {self.vllm_export(m, v) for (engine, m, v), _ in self.vllm_jobs[job] if engine == "vllm"}
+        return sorted(f"{e}/manifest.json" for e in exports if e)
 
     def vllm_job_sources(self, job: str) -> list[str]:
         """The files of every method in a vLLM job (its vLLM mapping is in its module)."""
