@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -52,13 +53,25 @@ def build_target_from_gguf(gguf_path: str, out_dir: str, dtype: str = "float32")
     return Path(out_dir)
 
 
-def build_target_from_hub(repo_id: str, out_dir: str, revision: str | None = None) -> Path:
-    """Download a hub checkpoint (full-scale config; needs network and huggingface_hub)."""
-    from huggingface_hub import snapshot_download
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.jinja"]
 
+
+def build_target_from_hub(repo_id: str, out_dir: str, revision: str | None = None) -> Path:
+    """Download a hub checkpoint (full-scale config; needs network and huggingface_hub). A local
+    directory in place of the repo id is copied the same way (its files that a download keeps)."""
     with atomic_path(out_dir) as tmp:
-        snapshot_download(repo_id, revision=revision, local_dir=tmp,
-                          allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model"])
+        if Path(repo_id).is_dir():
+            if revision:
+                raise CheckpointError(f"target.revision {revision!r}: {repo_id} is a local directory")
+            files = sorted({p for pattern in HUB_FILES for p in Path(repo_id).glob(pattern) if p.is_file()})
+            if not files:
+                raise CheckpointError(f"{repo_id}: a local directory with no checkpoint files ({HUB_FILES})")
+            Path(tmp).mkdir(parents=True)
+            for src in files:
+                shutil.copy2(src, Path(tmp) / src.name)
+        else:
+            from huggingface_hub import snapshot_download
+            snapshot_download(repo_id, revision=revision, local_dir=tmp, allow_patterns=HUB_FILES)
         _write_manifest(tmp, {"hub": repo_id, "revision": revision})
     return Path(out_dir)
 
