@@ -50,6 +50,19 @@ def job_counts(dry_run_output: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m.group(1) != "total"}
 
 
+def dry_run_jobs(log: str) -> list[dict]:
+    """Each job block of a Snakemake log (a dry run's, or a run's): its rule, wildcards (as
+    printed), inputs, outputs and resources."""
+    jobs = []
+    for block in re.split(r"^(?:local)?rule (?=\w+:$)", log, flags=re.M)[1:]:
+        fields = dict(re.findall(r"^\s+(input|output|wildcards|resources): (.*)$", block, re.M))
+        jobs.append({"rule": block.split(":", 1)[0], "wildcards": fields.get("wildcards", ""),
+                     "input": fields.get("input", "").split(", "), "output": fields.get("output", "").split(", "),
+                     "resources": dict(kv.split("=", 1) for kv in fields["resources"].split(", "))
+                     if "resources" in fields else {}})
+    return jobs
+
+
 def job_events(log: str) -> list[tuple[str, int, str]]:
     """(start | end, jobid, rule) in the order a local Snakemake run's log reports them."""
     events, rule = [], None

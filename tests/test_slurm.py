@@ -13,11 +13,11 @@ through two faults and their recovery:
 sacct then shows every job of the DAG COMPLETED as a SLURM job, with the CPUs and memory its rule
 declares, and no benchmark job sharing the node with another job.
 
-Opt-in: SPECDEC_SLURM=1 (root and Debian's packages: slurmctld slurmd slurm-client slurmdbd munge
-mariadb-server). Without it they skip, saying why, and the smoke DAG runs with the local executor.
-With snakemake-executor-plugin-slurm 2.6.1 the cancellation fault fails: sacct reports the job
-"CANCELLED by 0", which the plugin does not read as a failure, so Snakemake waits for it forever
-(here: until the 900 s limit)."""
+With SPECDEC_SLURM=1, as .ci/run sets (root and Debian's packages: slurmctld slurmd slurm-client
+slurmdbd munge mariadb-server). Without it they skip, saying why, and the smoke DAG runs with the
+local executor. The profile polls job states with squeue: with sacct, plugin 2.6.1 reads a
+cancelled job's "CANCELLED by 0" as still running, and the cancellation test fails after its 900 s
+limit."""
 import json
 import re
 import subprocess
@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dag import CANCELLED_OUTPUTS, CLUSTER, CPUS, SMOKE, SMOKE_TARGETS, SNAKEMAKE, TIMED, slurm_dry_run
+from dag import CANCELLED_OUTPUTS, CLUSTER, CPUS, SMOKE, SMOKE_TARGETS, SNAKEMAKE, TIMED, dry_run_jobs, slurm_dry_run
 
 pytestmark = pytest.mark.integration
 
@@ -46,16 +46,7 @@ def slurm_smoke(slurm_cluster, request):
 
 def planned_jobs(log: str) -> dict[tuple[str, str], dict]:
     """(rule, wildcards) -> the job's resources, for each job a Snakemake log lists."""
-    jobs = {}
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", log):
-        m = re.match(r"(?:local)?rule (\w+):", block)
-        if not m:
-            continue
-        wildcards = re.search(r"^\s+wildcards: (.*)$", block, re.M)
-        resources = re.search(r"^\s+resources: (.*)$", block, re.M)
-        jobs[(m.group(1), wildcards.group(1) if wildcards else "")] = dict(
-            kv.split("=", 1) for kv in resources.group(1).split(", ")) if resources else {}
-    return jobs
+    return {(job["rule"], job["wildcards"]): job["resources"] for job in dry_run_jobs(log)}
 
 
 def canonical(jobs) -> set[tuple[str, frozenset]]:

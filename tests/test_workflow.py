@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dag import REPO, SMOKE, benchmarks_ran_alone, copy_workflow, edit, job_counts, smk
+from dag import REPO, SMOKE, benchmarks_ran_alone, copy_workflow, dry_run_jobs, edit, job_counts, smk
 
 
 def test_lint_is_clean():
@@ -307,12 +307,7 @@ def test_slurm_profile_requests_what_each_rule_needs():
     proc = smk(REPO, "-n", "--forceall", "results/tables.md", "--profile", "workflow/profiles/slurm",
                "--configfile", "workflow/configs/full-scale.yaml",
                env={"SPECDEC_SLURM_PARTITION": "gpu-a100", "SPECDEC_SLURM_ACCOUNT": "lab42"})
-    requests = {}
-    for block in re.split(r"\n(?=rule \w+:)", proc.stdout + proc.stderr):
-        m = re.match(r"rule (\w+):", block)
-        r = re.search(r"resources: (.*)", block)
-        if m and r:
-            requests.setdefault(m.group(1), dict(kv.split("=", 1) for kv in r.group(1).split(", ")))
+    requests = {job["rule"]: job["resources"] for job in dry_run_jobs(proc.stdout + proc.stderr)}
     # the timed jobs claim a whole node's worth of cores (the profile's set-threads)
     assert {int(requests[r]["cpus_per_task"]) for r in ("bench_torch", "bench_vllm", "cost_curve")} == {16}
     for rule, gpu in (("train_proposer", True), ("export_vllm", False), ("bench_vllm", True)):
@@ -500,16 +495,6 @@ def test_smoke_dag_end_to_end(smoke_run):
 
 
 @pytest.mark.integration
-def planned_jobs(dry_run_output: str) -> list[dict]:
-    """Each job of a dry run: its rule, inputs and outputs."""
-    jobs = []
-    for block in re.split(r"^(?:local)?rule ", dry_run_output, flags=re.M)[1:]:
-        fields = dict(re.findall(r"^    (input|output): (.*)$", block, re.M))
-        jobs.append({"rule": block.split(":", 1)[0],
-                     "input": fields.get("input", "").split(", "), "output": fields.get("output", "").split(", ")})
-    return jobs
-
-
 def package_relative(paths) -> set[str]:
     """Project source files as paths inside the package (src/specdec/...), wherever src/ lies."""
     return {("/" + p).split("/src/specdec/", 1)[1] for p in paths if "src/specdec/" in p and p.endswith(".py")}
@@ -522,7 +507,7 @@ def test_every_job_loaded_only_its_code_inputs(smoke_run):
     makes that job stale. (The hand-kept lists this replaced missed core/sampling.py and
     core/loop.py in the vLLM jobs.)"""
     wd = smoke_run
-    jobs = planned_jobs(smk(wd, "-n", "--forceall", "results/tables.md", "results/learning_curve.md",
+    jobs = dry_run_jobs(smk(wd, "-n", "--forceall", "results/tables.md", "results/learning_curve.md",
                             "--cores", "1", *SMOKE).stdout)
     runs = [json.loads(line) for line in (wd / "modules.jsonl").read_text().splitlines()]
     assert len(runs) >= len(jobs) - 3   # fetch_wheel's download may be cached; every other job logs
@@ -562,7 +547,7 @@ def test_editing_a_source_reruns_every_job_that_loaded_it(smoke_run, source):
         out = smk(wd, "-n", "results/tables.md", "results/learning_curve.md", "--cores", "1", *SMOKE).stdout
     finally:
         path.write_text(original)
-    stale = planned_jobs(out)
+    stale = dry_run_jobs(out)
     direct = [j for j in stale if any(("/" + i).endswith("/src/specdec/" + source) for i in j["input"])]
     for argv in loaded:
         paths = [a.rstrip("/") for flag, a in zip(argv, argv[1:]) if flag.startswith("--out")]
