@@ -117,7 +117,8 @@ def slurm_cluster(tmp_path_factory):
     (.ci/run installs the packages and sets SPECDEC_SLURM=1; a plain `pytest` on a workstation
     does not start daemons or write /etc/slurm.)"""
     if os.environ.get("SPECDEC_SLURM") != "1":
-        yield SimpleNamespace(state=None, why="SPECDEC_SLURM is not 1: the SLURM tests run in .ci/run, or with SPECDEC_SLURM=1 (root, Debian's slurm packages)")
+        yield SimpleNamespace(state=None, why="SPECDEC_SLURM is not 1: the SLURM tests run in .ci/run, "
+                                              "or with SPECDEC_SLURM=1 (root, Debian's slurm packages)")
         return
     state = tmp_path_factory.mktemp("slurm-state")
     try:

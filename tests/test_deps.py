@@ -1,5 +1,7 @@
 """specdec.deps: each job's code inputs from the import graph (the smoke DAG's check against the
 files its jobs really load is in test_workflow.py)."""
+from pathlib import Path
+
 import pytest
 
 from specdec import deps, methods
@@ -56,3 +58,13 @@ def test_relative_imports_resolve_against_the_package():
     assert "specdec.core.target" in deps.imports(deps.module_path("specdec.methods"), in_functions=True)
     assert "specdec.core.target" not in deps.imports(deps.module_path("specdec.methods"))
     assert deps.module_name(deps.module_path("specdec.core")) == "specdec.core"
+
+
+def test_inputs_are_named_relative_to_the_working_directory(tmp_path):
+    """Rules list code inside the working directory by relative name (a moved checkout keeps its
+    outputs up to date), and anything outside it by absolute name."""
+    code = deps.verb_code("report")
+    src = deps.ROOT.parent
+    assert deps.as_inputs(code, root=src.parent) == [str(Path(p).relative_to(src.parent)) for p in code]
+    assert deps.as_inputs(code, root=tmp_path) == code
+    assert all(not Path(p).is_absolute() for p in deps.as_inputs(code, root=src))

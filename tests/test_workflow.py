@@ -494,7 +494,6 @@ def test_smoke_dag_end_to_end(smoke_run):
     assert not list(wd.rglob("*.tmp")) and not list(wd.rglob("*.partial"))
 
 
-@pytest.mark.integration
 def package_relative(paths) -> set[str]:
     """Project source files as paths inside the package (src/specdec/...), wherever src/ lies."""
     return {("/" + p).split("/src/specdec/", 1)[1] for p in paths if "src/specdec/" in p and p.endswith(".py")}
@@ -531,6 +530,17 @@ def test_every_job_loaded_only_its_code_inputs(smoke_run):
 
 
 @pytest.mark.integration
+def test_a_moved_checkout_has_nothing_stale(smoke_run, tmp_path):
+    """The finished smoke DAG, moved to another path (hard links: every file and time kept), is up
+    to date there: the rules name their code inputs relative to the working directory
+    (deps.as_inputs), and Snakemake reruns a job whose set of input names changed."""
+    moved = tmp_path / "elsewhere"
+    subprocess.run(["cp", "-al", str(smoke_run), str(moved)], check=True)
+    out = smk(moved, "-n", "results/tables.md", "results/learning_curve.md", "--cores", "1", *SMOKE).stdout
+    assert "Nothing to be done" in out, out[-3000:]
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("source", ["core/sampling.py", "core/loop.py", "methods/ngram.py",
                                     "backends/vllm_hook.py"])
 def test_editing_a_source_reruns_every_job_that_loaded_it(smoke_run, source):
@@ -560,6 +570,7 @@ def test_editing_a_source_reruns_every_job_that_loaded_it(smoke_run, source):
             assert set(j["input"]) & direct_outputs or any(set(j["input"]) & set(k["output"]) for k in stale), j
 
 
+@pytest.mark.integration
 def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     """A method's edit reruns its training and export, the PyTorch jobs of the (dtype, data set)
     pairs it runs on (each times every method there against one baseline) and the vLLM jobs of

@@ -19,6 +19,7 @@ fetch_wheel: a pinned download, which an edit should not fetch again.
 from __future__ import annotations
 
 import ast
+import os
 from functools import cache
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def verb_modules(verb: str) -> list[str]:
 
 
 def verb_code(verb: str) -> list[str]:
-    """A job's code inputs, as absolute paths (what a rule lists): the files
+    """A job's code inputs, as absolute paths (a rule lists them through as_inputs): the files
     `python -m specdec <verb>` loads: the CLI and the registry it reads, and the modules the verb
     runs with everything they load."""
     return [str(p) for p in closure(*verb_modules(verb), imported=CLI_MODULES)]
@@ -144,3 +145,16 @@ def verb_code(verb: str) -> list[str]:
 def module_code(module: str) -> list[str]:
     """The files running `module` loads (a method's module, imported by name by the registry)."""
     return [str(p) for p in closure(module)]
+
+
+def as_inputs(paths: list[str], root: str | Path | None = None) -> list[str]:
+    """Paths as a rule lists them: relative to `root` (default: the working directory, against
+    which Snakemake resolves a relative input) where they lie inside it, else absolute. Snakemake
+    records each output's inputs by name, so an absolute name would make every job stale in a
+    moved or re-cloned checkout."""
+    root = Path(root or os.getcwd()).resolve()
+    out = []
+    for p in paths:
+        path = Path(p).resolve()
+        out.append(str(path.relative_to(root)) if path.is_relative_to(root) else str(path))
+    return out

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 from snakemake.utils import update_config
 
-from . import host
+from . import deps, host
 from . import methods as registry
 
 # the prompt sets the data stage writes; a benchmark set reads one (bench.datasets.X.prompts_from)
@@ -232,8 +232,8 @@ class Plan:
 
     def method_sources(self, method: str) -> list[str]:
         """The method's files from the registry: its module and what it imports (a Hugging Face
-        peer: its checkpoint owner's)."""
-        return registry.source_files(method)
+        peer: its checkpoint owner's), as rule inputs (deps.as_inputs)."""
+        return deps.as_inputs(registry.source_files(method))
 
     def all_method_sources(self) -> list[str]:
         """The files of every method in the config."""

@@ -18,9 +18,13 @@ BENCH_DATASETS = "|".join(config["bench"]["datasets"])
 TARGET_DIR = f"checkpoints/{config['target']['name']}"
 TARGET = f"{TARGET_DIR}/manifest.json"  # written last: the checkpoint is complete
 
-# each job's code inputs: the files its `python -m specdec <verb>` loads, from the import graph
-# (specdec.deps); a method's own files come from the registry (PLAN.method_sources)
-code = deps.verb_code
+
+def code(verb):
+    """A job's code inputs: the files its `python -m specdec <verb>` loads, from the import graph
+    (specdec.deps), relative to the working directory; a method's own files come from the registry
+    (PLAN.method_sources)."""
+    return deps.as_inputs(deps.verb_code(verb))
+
 
 # Jobs run `python -m specdec`: put the interpreter running snakemake (the project venv) first on
 # PATH, so `.venv/bin/snakemake ...` works without activating the venv. --use-conda overrides it.
