@@ -18,7 +18,7 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 SMOKE = ["--configfile", "workflow/configs/smoke.yaml"]
 SMOKE_TARGETS = ["results/tables.md", "results/learning_curve.md"]
 CLUSTER = REPO / "tests" / "cluster"
-TIMED = ("bench_torch", "bench_vllm", "cost_curve")   # the benchmarks: each claims the whole machine
+TIMED = ("bench_torch", "bench_vllm", "cost_curve", "tune_torch")   # timed jobs: each claims the whole machine
 
 
 def copy_workflow(dest: Path) -> Path:

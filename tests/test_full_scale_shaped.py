@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from dag import benchmarks_ran_alone, copy_workflow, job_counts, smk
+from dag import TIMED, benchmarks_ran_alone, copy_workflow, job_counts, smk
 from full_scale_shaped import build
 
 FULL_SHAPED = ["--configfile", "workflow/configs/full-scale.yaml", "workflow/configs/full-scale-shaped.yaml"]
@@ -29,11 +29,11 @@ def test_every_rule_of_the_full_scale_dag_runs(full_shaped_run):
     wd, planned = full_shaped_run
     assert set(planned) == {"fetch_wheel", "target_model", "chat_set", "wiki_set", "hidden_states",
                             "train_proposer", "export_vllm", "bench_torch", "bench_vllm", "cost_curve",
-                            "report"}
+                            "tune_torch", "report"}
     assert "Nothing to be done" in smk(wd, "-n", "--cores", "1", *FULL_SHAPED, "--", "results/tables.md").stdout
     # the local executor on two cores: a benchmark job (it claims every core) ran alone
     benchmarks, most = benchmarks_ran_alone((wd / "run.log").read_text())
-    assert benchmarks == planned["bench_torch"] + planned["bench_vllm"] + planned["cost_curve"] and most == 2
+    assert benchmarks == sum(planned[r] for r in TIMED) and most == 2
     # the hub path: the target copied from the directory named by target.hub
     manifest = json.loads((wd / "checkpoints" / "qwen2-tiny" / "manifest.json").read_text())
     assert manifest["source"]["hub"] == "fixtures/qwen2-target"

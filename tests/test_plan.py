@@ -167,10 +167,31 @@ def sized(mutate) -> dict:
      r"config: vllm\.lossless\.dataset 'chat_overlap': no vLLM arm runs on it"),
     (lambda c: c["train"]["learning_curve"].update(checkpoint="eagle3/missing"),
      r"config: train\.learning_curve\.checkpoint 'eagle3/missing' is not in train\.checkpoints"),
+    # a tuning split that the prompt file cannot hold after the benchmarked prompts
+    (lambda c: c["data"]["chat"].update(heldout_prompts=36),
+     r"config: bench\.datasets\.chat_heldout\.tuning: 6 prompts after the 32 the benchmarks read need "
+     r"data\.chat\.heldout_prompts >= 38, not 36"),
 ])
 def test_a_config_that_plans_wrongly_is_an_error_naming_its_key(mutate, message):
     with pytest.raises(ConfigError, match=message):
         Plan(sized(mutate), "bfloat16")
+
+
+def test_tuning_reads_only_records_no_benchmark_reads():
+    """The tuning split of a set starts after every record that its PyTorch, vLLM, lossless and
+    ablation jobs read from the same file (the sampled set draws on the held-out file too); its
+    arms are the job's own-dtype variants with a tuning grid: no control, no MTP of one module."""
+    for host, skip in (("bfloat16", 32), ("float32", 16)):
+        p = plan.load(CONFIG, host_class=host)
+        assert p.tuning_skip("chat_heldout") == skip
+        assert [f"{a['method']}/{a['variant']}" for a in p.tuning_arms("auto", "chat_heldout")] == [
+            "ngram/k5", "suffix/d8", "medusa/len4_top3_nodes10", "draft_model/len3", "pard/len3", "eagle3/ttt5_tree10"]
+        assert p.torch_job_tuning("auto", "chat_heldout") == ["results/tuning/auto/chat_heldout.json"]
+        assert p.torch_job_tuning("auto", "wiki") == [] and p.tuning_arms("auto", "wiki") == []
+    c = raw_config()
+    c["bench"]["datasets"]["chat_heldout_t07"]["vllm"]["prompts"] = 35
+    c["data"]["chat"]["heldout_prompts"] = 43
+    assert Plan(c, "bfloat16").tuning_skip("chat_heldout") == 35
 
 
 def test_plan_changes_only_the_checkpoints_it_derives():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dag import REPO, SMOKE, benchmarks_ran_alone, copy_workflow, dry_run_jobs, edit, job_counts, smk
+from dag import REPO, SMOKE, TIMED, benchmarks_ran_alone, copy_workflow, dry_run_jobs, edit, job_counts, smk
 
 
 def test_lint_is_clean():
@@ -73,13 +73,25 @@ def test_the_default_runs_the_null_drafter_and_a_a_arms(tmp_path):
     and wiki PyTorch jobs, and the null drafter inside vLLM on both sets, beside the methods' rows."""
     wd = copy_workflow(tmp_path)
     out = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
+
+    def bench_torch(dataset):
+        return next(line for line in out.splitlines()
+                    if "specdec bench-torch" in line and f"--dataset {dataset} " in line)
+
     for dataset in ("chat_heldout", "wiki"):
-        job = out.split(f"--dataset {dataset} ")[1].split("\n")[0]
+        job = bench_torch(dataset)
         assert '"method": "null_drafter", "variant": "k1"' in job
         assert ('"method": "null_drafter", "variant": "k5"' in job) == (dataset == "chat_heldout")
         assert "--aa-control" in job and '"method": "ngram", "variant": "k5"' in job
-    overlap = out.split("--dataset chat_overlap ")[1].split("\n")[0]
+    overlap = bench_torch("chat_overlap")
     assert "--aa-control" not in overlap and '"method": "null_drafter"' not in overlap
+    # the held-out job times its tuned variants, chosen by a tuning job that drafts no control
+    assert "--tuned results/tuning/auto/chat_heldout.json" in bench_torch("chat_heldout")
+    assert "--tuned" not in bench_torch("wiki") + overlap
+    tune = next(line for line in out.splitlines() if "specdec tune-torch" in line)
+    # after the 32 held-out prompts the benchmarks read (16 where the host class halves them)
+    assert "--dataset chat_heldout " in tune and "null_drafter" not in tune
+    assert re.search(r"--skip 32 --limit 6 |--skip 16 --limit 4 ", tune)
     for prompts, variant in (("chat_heldout", "k5"), ("wiki", "k1")):
         vllm = out.split(f"results/vllm/{prompts}.jsonl")[1]
         arms = json.loads(re.search(r"--arms '(\[.*?\])'", vllm).group(1))
@@ -253,8 +265,8 @@ def test_a_benchmark_job_never_shares_the_machine(smoke_run):
     if (smoke_run / "slurm-runs.json").exists():
         pytest.skip("the smoke DAG ran through SLURM: tests/test_slurm.py checks this from sacct")
     benchmarks, most = benchmarks_ran_alone((smoke_run / "smoke.log").read_text())
-    # 5 PyTorch jobs, 3 vLLM jobs (53 rows), the cost curve
-    assert benchmarks == 9 and most == 2
+    # 5 PyTorch jobs, 3 vLLM jobs (53 rows and the tuned ones), the cost curve, 2 tunings (wiki)
+    assert benchmarks == 11 and most == 2
 
 
 # Debian's chromium, headless, on a machine whose network is closed (no background connections)
@@ -295,7 +307,9 @@ def test_report_shows_its_plots_and_tables_in_headless_chromium(smoke_run, tmp_p
         frame = page.frame_locator("iframe")
         frame.locator("tbody tr").first.wait_for()
         assert frame.locator("th", has_text=re.compile("^speedup$")).count() == 1
-        assert frame.locator("tbody tr").count() == 53
+        # every row of the results, whatever number of tuned variants the tuning added
+        rows = pd.read_parquet(smoke_run / "results" / "rows.parquet")
+        assert frame.locator("tbody tr").count() == len(rows) >= 53
         page.screenshot(path=str(tmp_path / "report-rows.png"))
         browser.close()
 
@@ -309,7 +323,7 @@ def test_slurm_profile_requests_what_each_rule_needs():
                env={"SPECDEC_SLURM_PARTITION": "gpu-a100", "SPECDEC_SLURM_ACCOUNT": "lab42"})
     requests = {job["rule"]: job["resources"] for job in dry_run_jobs(proc.stdout + proc.stderr)}
     # the timed jobs claim a whole node's worth of cores (the profile's set-threads)
-    assert {int(requests[r]["cpus_per_task"]) for r in ("bench_torch", "bench_vllm", "cost_curve")} == {16}
+    assert {int(requests[r]["cpus_per_task"]) for r in TIMED} == {16}
     for rule, gpu in (("train_proposer", True), ("export_vllm", False), ("bench_vllm", True)):
         req = requests[rule]
         assert int(req["cpus_per_task"]) >= 4 and int(req["mem_mb"]) >= 32000 and int(req["runtime"]) >= 60, req
@@ -363,7 +377,27 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert null["drafted_tokens"] > 0 and null["accepted_tokens"] == 0 and null["tau"] == 1.0
         assert aa["timing"] == "paired" and not aa["drafted_tokens"]
         assert null["settings"]["arms"][-1] == "baseline/aa"
-    assert len(rows) == 53 == len(torch_rows(wd)) + sum(
+    # tuned variants: n-gram and suffix in both wiki jobs, chosen on the third question (the two
+    # the benchmarks read are not in the split); a choice other than the fixed variant is timed
+    # beside it (and checked lossless above, in float32)
+    tuned = 0
+    for dtype in ("float32", "auto"):
+        choices = json.loads((wd / "results" / "tuning" / dtype / "wiki.json").read_text())
+        assert choices["prompts"]["skip"] == 2 and [c["fixed"] for c in choices["choices"]] == ["ngram/k5", "suffix/d8"]
+        split = [json.loads(line)["id"] for line in
+                 (wd / "results" / "tuning" / dtype / "wiki.candidates.jsonl").read_text().splitlines()]
+        benchmarked = {r["id"] for r in map(json.loads, (wd / "results" / "torch" / dtype / "wiki.jsonl")
+                                            .read_text().splitlines())}
+        assert len(set(split)) == 1 and not set(split) & benchmarked
+        for c in choices["choices"]:
+            fixed = torch_row(wd, dtype, "wiki", c["fixed"])
+            assert fixed["tuning"]["chosen"] == c["chosen"] and len(c["candidates"]) == 4
+            if not c["same_as_fixed"]:
+                row = torch_row(wd, dtype, "wiki", f"{c['method']}/{c['variant']}")
+                assert row["settings"]["params"] == c["params"]
+                tuned += 1
+    assert "## Tuned variants" in tables
+    assert len(rows) == 53 + tuned == len(torch_rows(wd)) + sum(
         len(vllm_job(wd, p)) for p in ("chat_heldout", "chat_overlap", "wiki"))
     # the cost curve at every PyTorch set's context, and every PyTorch row of ours checked against it
     curve = json.loads((wd / "results" / "costs" / "cost_curve.json").read_text())
@@ -598,9 +632,9 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     original = ngram.read_text()
     edit(ngram)
     out = smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout
-    # ngram on 4 data sets (wiki in two dtypes), and its vLLM rows: vLLM's n-gram and ours inside
-    # vLLM (its module holds its vLLM mapping), on the wiki and held-out prompts
-    assert job_counts(out) == {"bench_torch": 5, "bench_vllm": 2, "report": 1}
+    # ngram on 4 data sets (wiki in two dtypes, each tuned first), and its vLLM rows: vLLM's n-gram
+    # and ours inside vLLM (its module holds its vLLM mapping), on the wiki and held-out prompts
+    assert job_counts(out) == {"tune_torch": 2, "bench_torch": 5, "bench_vllm": 2, "report": 1}
     assert vllm_jobs(out) == ["chat_heldout", "wiki"]
     assert torch_jobs(out) == ["auto/wiki", "float32/chat_heldout", "float32/chat_heldout_t07",
                                "float32/chat_overlap", "float32/wiki"]

@@ -140,16 +140,33 @@ def cmd_train(a):
     print(json.dumps({"eval_proxy": proxy}))
 
 
+def _bench_settings(a) -> dict:
+    """bench_torch's settings from the arguments add_bench_args and _device_args define."""
+    return dict(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, limit=a.limit,
+                max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype, device=a.device,
+                threads=a.threads, resamples=a.resamples, sampling=a.sampling)
+
+
 def cmd_bench_torch(a):
     from .backends.torch_bench import bench_torch
-    out = bench_torch(target_dir=a.target, prompts_path=a.prompts, dataset=a.dataset, arms=a.arms,
-                      out_records=a.out_records, out_summary=a.out_summary, limit=a.limit,
-                      max_new_tokens=a.max_new_tokens, warmup=a.warmup, dtype=a.dtype, device=a.device,
-                      threads=a.threads, resamples=a.resamples, sampling=a.sampling,
-                      require_dtype=a.require_dtype, aa_control=a.aa_control)
+    from .backends.tuning import tuned_arms
+    extra, tuning = tuned_arms(a.tuned, a.arms) if a.tuned else ([], None)
+    out = bench_torch(arms=a.arms + extra, out_records=a.out_records, out_summary=a.out_summary,
+                      require_dtype=a.require_dtype, aa_control=a.aa_control, tuning=tuning, **_bench_settings(a))
     keys = ("method", "throughput_tok_s", "speedup", "speedup_ci", "acceptance_rate", "tau", "matches_baseline")
     for row in out["rows"]:
         print(json.dumps({k: row.get(k) for k in keys}))
+
+
+def cmd_tune_torch(a):
+    from .backends.tuning import tune_torch
+    out = tune_torch(arms=a.arms, cost_curve=a.cost_curve, out=a.out, out_records=a.out_records,
+                     out_summary=a.out_summary, skip=a.skip, **_bench_settings(a))
+    for c in out["choices"]:
+        grid = ", ".join(f"{x['variant']} {x['predicted_decode_speedup']:.2f}x (tau {x['tau']:.2f})"
+                         for x in c["candidates"])
+        print(f"{c['fixed']}: {c['chosen']}{' (the fixed variant)' if c['same_as_fixed'] else ''}; "
+              f"predicted decode speedups: {grid}")
 
 
 def cmd_cost_curve(a):
@@ -398,9 +415,25 @@ def _bench_verbs(sub) -> None:
                    "planned to run arms of that dtype in its auto job)")
     s.add_argument("--aa-control", action="store_true",
                    help="time a second baseline arm: the A/A control row (baseline/aa)")
+    s.add_argument("--tuned", help="a tune-torch choices file: also time each arm's tuned variant "
+                   "(<variant>.tuned) where it differs from the fixed one")
     s.add_argument("--out-records", required=True)
     s.add_argument("--out-summary", required=True)
     s.set_defaults(func=cmd_bench_torch)
+
+    s = sub.add_parser("tune-torch", help="choose each arm's draft length or tree size on a tuning split, "
+                       "from its costs (backends/tuning.py)")
+    add_bench_args(s)
+    _device_args(s, dtype=None)
+    s.add_argument("--arms", type=_json_list, required=True,
+                   help="JSON list of the benchmark job's arms; those whose method declares a tuning_grid are tuned")
+    s.add_argument("--skip", type=int, required=True,
+                   help="the tuning split starts after this many records of --prompts (those the benchmarks read)")
+    s.add_argument("--cost-curve", required=True, help="the host's cost curve (cost-curve --out)")
+    s.add_argument("--out", required=True, help="the choices (JSON)")
+    s.add_argument("--out-records", required=True)
+    s.add_argument("--out-summary", required=True)
+    s.set_defaults(func=cmd_tune_torch)
 
     s = sub.add_parser("cost-curve", help="the host's cost curve: a verification step of 1 to 16 nodes, "
                        "chain and tree, at each benchmark set's context, per dtype")

@@ -35,6 +35,9 @@ DATASET_FILES = {
     "chat_overlap": "data/chat/eval_overlap.jsonl",
     "wiki": "data/wiki/eval.jsonl",
 }
+# how many records the data stage writes to each prompt set's file: data.<section>.<key>
+TUNING_RECORDS = {"chat_heldout": ("chat", "heldout_prompts"), "chat_overlap": ("chat", "eval_overlap_prompts"),
+                  "wiki": ("wiki", "num_questions")}
 HIDDEN = "data/hidden/chat.safetensors"
 ABLATION_HIDDEN = "data/ablation/hidden_reference.safetensors"  # the rows trained on reference replies
 # the vLLM job(s) of vllm.lossless: greedy, serial, float32, every arm of its set against one
@@ -77,6 +80,7 @@ class Plan:
         self._check_dataset_names()
         self.vllm_jobs = self._vllm_jobs()
         self._check_every_variant_runs()
+        self._check_tuning()
 
     # ---- what the DAG runs, in one view (tests, and `jobs` for a reader)
 
@@ -371,6 +375,48 @@ class Plan:
         return sorted({f"{self.checkpoint_dir(m, name)}/manifest.json" for m, v in self.torch_arms(dtype, dataset)
                        if (name := self.variant_params(m, v).get("checkpoint")) is not None})
 
+    # ---- tuned variants (backends/tuning.py): chosen on the records after the benchmarks' prompts
+
+    def tuning(self, dataset: str) -> dict | None:
+        """bench.datasets.X.tuning {prompts, max_new_tokens}; None: the set's variants are not tuned."""
+        return self.config["bench"]["datasets"][dataset].get("tuning")
+
+    def tuning_skip(self, dataset: str) -> int:
+        """Where a set's tuning split starts: after every record of its prompt file that a
+        benchmark reads (the PyTorch and vLLM rows of every set drawing on that file, vLLM's
+        lossless check and the ablation), so that no benchmarked prompt chooses a variant."""
+        c, source = self.config, self.prompt_set(dataset)
+        same = [d for d in c["bench"]["datasets"] if self.prompt_set(d) == source]
+        limits = []
+        for d in same:
+            spec = c["bench"]["datasets"][d]
+            limits += [spec["prompts"], spec.get("vllm", {}).get("prompts", 0)]
+            limits += [o["prompts"] for o in spec.get("by_dtype", {}).values() if "prompts" in o]
+        lossless = c["vllm"].get("lossless")
+        if lossless and lossless["dataset"] in same:
+            limits.append(lossless["prompts"])
+        if self.ablation and source == "chat_heldout":
+            limits.append(c["train"]["ablation"]["prompts"])
+        return max(limits)
+
+    def tuning_arms(self, dtype: str, dataset: str) -> list[dict]:
+        """The arms a PyTorch job's tuning decodes: those configured in the job's own dtype (its
+        speed rows, not the float32 checks merged into it) whose method has a tuning grid."""
+        if self.tuning(dataset) is None:
+            return []
+        own = set(self.configured_arms(dtype, dataset))
+        return [a for a in self.torch_job_arms(dtype, dataset)
+                if (a["method"], a["variant"]) in own and a["method"] in registry.names()
+                and not a.get("compare_with") and len(registry.tuning_candidates(a["method"], a["params"])) > 1]
+
+    def torch_job_tuning(self, dtype: str, dataset: str) -> list[str]:
+        """The tuning file a PyTorch job times tuned arms from (none where nothing is tuned)."""
+        return [f"results/tuning/{dtype}/{dataset}.json"] if self.tuning_arms(dtype, dataset) else []
+
+    def tuning_summaries(self) -> list[str]:
+        return [p for dtype in self.config["bench"]["dtypes"] for dataset in self.config["bench"]["datasets"]
+                for p in self.torch_job_tuning(dtype, dataset)]
+
     def cost_curve_sets(self) -> dict:
         """--sets of the cost curve: each data set with a PyTorch job, at the settings of its first
         such job (prompts, max_new_tokens: the context a decode of that job averages)."""
@@ -570,6 +616,20 @@ class Plan:
                         f"sets {sets} in dtypes {dtypes}; "
                         f"the PyTorch jobs (dtype/data set) are {', '.join(j for j, arms in jobs.items() if arms)}, "
                         "and vLLM runs no arm of it (vllm.datasets). Narrow it to one of those, or drop it")
+
+    def _check_tuning(self) -> None:
+        """A tuned set's split fits in its prompt file: the records the data stage writes for it
+        (TUNING_RECORDS) hold every benchmarked prompt and the split after them."""
+        for dataset in self.config["bench"]["datasets"]:
+            tuning = self.tuning(dataset)
+            if tuning is None:
+                continue
+            section, key = TUNING_RECORDS[self.prompt_set(dataset)]
+            records, skip = self.config["data"][section][key], self.tuning_skip(dataset)
+            if records < skip + tuning["prompts"]:
+                raise ConfigError(f"config: bench.datasets.{dataset}.tuning: {tuning['prompts']} prompts after the "
+                                  f"{skip} the benchmarks read need data.{section}.{key} >= "
+                                  f"{skip + tuning['prompts']}, not {records}")
 
     def sizing_note(self) -> str:
         """The tables' line on the DAG's size: which host class planned it, and how many of the

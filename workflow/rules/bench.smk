@@ -2,7 +2,9 @@
 # every method configured there and one greedy baseline arm (and a Hugging Face peer's arm of ours)
 # in one process, each prompt decoded by every arm in a rotating order: every speedup is paired,
 # with a bootstrap interval over prompts. The baseline arm is also the reference for the
-# token-by-token equality check. {root} is results/, or results/rerun/ for the drift check.
+# token-by-token equality check. {root} is results/, or results/rerun/ for the drift check. Where a
+# set is tuned (bench.datasets.X.tuning), a job also times the tuned variants chosen for it (rule
+# tune_torch) beside the fixed ones.
 
 
 wildcard_constraints:
@@ -21,6 +23,7 @@ rule bench_torch:
         code=code("bench-torch"),
         method_code=lambda wc: PLAN.torch_job_sources(wc.dtype, wc.dataset),
         checkpoints=lambda wc: PLAN.torch_job_checkpoints(wc.dtype, wc.dataset),
+        tuning=lambda wc: PLAN.torch_job_tuning(wc.dtype, wc.dataset),
     output:
         records="{root}/torch/{dtype}/{dataset}.jsonl",
         summary="{root}/torch/{dtype}/{dataset}.summary.json",
@@ -30,6 +33,7 @@ rule bench_torch:
         sampling=lambda wc: f"--sampling {shell_json(PLAN.sampling(wc.dataset))}" if PLAN.sampling(wc.dataset) else "",
         merged=lambda wc: "--require-dtype float32" if PLAN.require_float32(wc.dtype, wc.dataset) else "",
         aa=lambda wc: "--aa-control" if config["bench"]["datasets"][wc.dataset].get("aa_control") else "",
+        tuned=lambda wc, input: f"--tuned {input.tuning}" if input.tuning else "",
         limit=lambda wc: PLAN.bench_setting(wc.dataset, wc.dtype, "prompts"),
         max_new=lambda wc: PLAN.bench_setting(wc.dataset, wc.dtype, "max_new_tokens"),
         warmup=config["bench"]["warmup_prompts"],
@@ -50,7 +54,50 @@ rule bench_torch:
         " --arms {params.arms} --limit {params.limit} --max-new-tokens {params.max_new}"
         " --warmup {params.warmup} --resamples {params.resamples} --dtype {wildcards.dtype}"
         " --device {params.device} --threads {params.threads} {params.sampling} {params.merged} {params.aa}"
-        " --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"
+        " {params.tuned} --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"
+
+
+# Tuned variants: each variant of a PyTorch job whose method has a tuning grid, decoded with every
+# candidate on the records of its prompt file after those any benchmark reads; the choices file
+# names, per variant, the candidate its costs (the host's cost curve) predict fastest, which the
+# job times beside it.
+rule tune_torch:
+    input:
+        target=TARGET,
+        prompts=lambda wc: PLAN.dataset_prompts(wc.dataset),
+        code=code("tune-torch"),
+        method_code=lambda wc: PLAN.torch_job_sources(wc.dtype, wc.dataset),
+        checkpoints=lambda wc: PLAN.torch_job_checkpoints(wc.dtype, wc.dataset),
+        cost_curve="results/costs/cost_curve.json",
+    output:
+        choices="results/tuning/{dtype}/{dataset}.json",
+        records="results/tuning/{dtype}/{dataset}.candidates.jsonl",
+        summary="results/tuning/{dtype}/{dataset}.candidates.summary.json",
+    params:
+        target=target_dir,
+        arms=lambda wc: shell_json(PLAN.tuning_arms(wc.dtype, wc.dataset)),
+        skip=lambda wc: PLAN.tuning_skip(wc.dataset),
+        limit=lambda wc: PLAN.tuning(wc.dataset)["prompts"],
+        max_new=lambda wc: PLAN.tuning(wc.dataset)["max_new_tokens"],
+        warmup=config["bench"]["warmup_prompts"],
+        resamples=config["bench"].get("bootstrap_resamples", 10000),
+        device=config["device"],
+        threads=config["threads"],
+    threads: rule_threads("bench_torch")
+    resources:
+        **rule_resources("bench_torch"),
+    conda:
+        CONDA_ENV
+    log:
+        "logs/tune_torch/{dtype}-{dataset}.log",
+    benchmark:
+        "benchmarks/tune_torch/{dtype}-{dataset}.tsv"
+    shell:
+        "python -m specdec tune-torch --target {params.target} --prompts {input.prompts} --dataset {wildcards.dataset}"
+        " --arms {params.arms} --skip {params.skip} --limit {params.limit} --max-new-tokens {params.max_new}"
+        " --warmup {params.warmup} --resamples {params.resamples} --dtype {wildcards.dtype}"
+        " --device {params.device} --threads {params.threads} --cost-curve {input.cost_curve}"
+        " --out {output.choices} --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"
 
 
 # The host's cost curve: the target's verification step of 1 to 16 nodes, chain and tree, at the

@@ -94,6 +94,7 @@ use rule bench_torch as ablation_bench with:
         sampling="",
         merged="",
         aa="",
+        tuned="",
         limit=config["train"].get("ablation", {}).get("prompts"),
         max_new=config["train"].get("ablation", {}).get("max_new_tokens"),
     log:

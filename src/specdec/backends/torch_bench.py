@@ -18,7 +18,8 @@ max_new_tokens (EOS ignored), since their sampled texts differ: the wall ratio s
 equal work.
 `aa_control` times a second baseline arm like a method: its row (`baseline/aa`) is the job's own
 check that two identical arms measure 1.0x (the null drafter, methods/null_drafter.py, is the other
-control: verification that gains nothing).
+control: verification that gains nothing). `tuning` (backends/tuning.py: tuned_arms) attaches to
+each tuned arm's row, and to its fixed variant's, the choice that made it.
 """
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def _record(p: dict, r, dataset: str, label: str) -> dict:
 def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[dict], out_records: str,
                 out_summary: str, limit: int | None = None, max_new_tokens: int = 64, warmup: int = 1,
                 dtype: str = "auto", device: str = "cpu", threads: int = 0, resamples: int = 10000,
-                sampling: dict | None = None, require_dtype: str | None = None, aa_control: bool = False) -> dict:
+                sampling: dict | None = None, require_dtype: str | None = None, aa_control: bool = False,
+                skip: int = 0, tuning: dict | None = None) -> dict:
     """Benchmark every arm ({"method", "variant", "params", "compare_with"}) against one greedy
     baseline arm, all timed in this process on the same prompts, in a rotating order. Returns and
     writes {"dataset", "rows": [one summary per arm]}. A Hugging Face peer's row also compares it
@@ -94,7 +96,9 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
     speed dtype (specdec.host). `sampling` (core.sampling.Sampling fields): greedy when absent or
     at temperature 0. Records of every arm go to `out_records`. `require_dtype`: stop unless
     `dtype` resolves to it here (a job planned to run that dtype's arms, the lossless checks, in
-    its auto job). `aa_control`: also time a second baseline arm (AA_CONTROL), with a row of its own."""
+    its auto job). `aa_control`: also time a second baseline arm (AA_CONTROL), with a row of its own.
+    `skip`: leave out the prompts file's first records (the tuning split: what the benchmarks never
+    read). `tuning`: arm label -> the tuning choice its row carries (backends/tuning.py)."""
     check_arms(arms)
     set_threads(threads)
     sampled = Sampling(**(sampling or {}))
@@ -103,7 +107,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
         raise ValueError(f"{dataset}: this job runs its {require_dtype} arms in dtype {dtype}, planned for a host "
                          f"where {dtype} is {require_dtype}; here it is {dt['dtype']} ({dt['dtype_reason']}). "
                          "Plan the DAG on this host class (config sizing.host: auto, or its class)")
-    prompts = read_prompts(prompts_path, limit)
+    prompts = read_prompts(prompts_path, limit, skip)
     model = load_causal_lm(target_dir, dt["dtype"], device)
     tokenizer = load_tokenizer(target_dir)
     eos = eos_token_ids(model, tokenizer) if sampled.greedy else set()   # sampled rows: equal lengths
@@ -150,7 +154,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
         settings = {"backend": "torch", "method": arm["method"], "variant": arm.get("variant"),
                     "params": arm.get("params") or {}, **dt, "device": device, "max_new_tokens": max_new_tokens,
                     "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
-                    "prompts_file": str(prompts_path), "target": str(target_dir), "limit": limit,
+                    "prompts_file": str(prompts_path), "target": str(target_dir), "limit": limit, "skip": skip,
                     "linear_route": route, "attention_route": attention,
                     "arms": names, "arm_order": "rotated by one per prompt",
                     "compare_with": arm.get("compare_with"),
@@ -159,6 +163,8 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
         peer = PEERS.get(arm["method"])
         row["draft_shape"] = (peer.draft_shape(arm.get("params") or {}) if peer
                               else getattr(runners[label][1], "draft_shape", None))
+        if tuning and label in tuning:
+            row["tuning"] = tuning[label]
         if arm.get("compare_with"):
             row["same_run"] = same_run_comparison(records[label], records[arm["compare_with"]],
                                                   arm["compare_with"], resamples)

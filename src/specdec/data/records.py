@@ -96,12 +96,18 @@ def read_jsonl(path, required: tuple[str, ...] = ()) -> list[dict]:
     return records
 
 
-def read_prompts(path, limit: int | None = None) -> list[dict]:
-    """Prompt records, checked: prompt_ids must be a non-empty list of ints."""
+def read_prompts(path, limit: int | None = None, skip: int = 0) -> list[dict]:
+    """Prompt records, checked: prompt_ids must be a non-empty list of ints. `skip`: leave out the
+    first records (a split after them); then the file must hold `limit` records past them."""
     records = read_jsonl(path, PROMPT_FIELDS)
     for lineno, r in enumerate(records, start=1):
         ids = r["prompt_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
             raise RecordError(f"{path}: record {lineno} (id {r.get('id')!r}): field prompt_ids "
                               "must be a non-empty list of token ids")
+    if skip:
+        if len(records) < skip + (limit or 1):
+            raise RecordError(f"{path}: {len(records)} records; the split after the first {skip} needs "
+                              f"{limit or 1} more")
+        records = records[skip:]
     return records[:limit] if limit is not None else records

@@ -9,6 +9,8 @@ A method's module is the one place that defines it:
     EXAMPLE         {"params": a small variant, "train": (learned) its training settings,
                     "vllm_params": (optional) the variant vLLM serves}: the contract tests' and
                     the docs' example
+    tuning_grid(params) -> {parameter: [values]}   (optional) what a tuned variant of this variant
+                    may change, one parameter at a time (backends/tuning.py picks the value)
   learned methods, trained by train/driver.py:
     TRAIN_SETTINGS  settings section -> dataclass (besides "train", the shared loop's)
     hidden_taps(config, settings), setup(target, data, settings, tcfg, device) -> Trainee
@@ -167,6 +169,23 @@ def check_params(name: str, params: dict, where: str = "params") -> None:
         PEERS[name].check(f"{where}: {name}", params)
         return
     _check_fields(module(name).PARAMS, params, where)
+
+
+def tuning_candidates(name: str, params: dict) -> list[dict]:
+    """The parameter sets a tuned variant of `params` chooses from: `params` itself first, then
+    each value of the method's tuning_grid substituted for its parameter (no duplicates). A method
+    without a grid (or a negative control) has `params` only."""
+    m = module(name)
+    grid = {} if is_control(name) or not hasattr(m, "tuning_grid") else m.tuning_grid(m.PARAMS(**params))
+    out = [dict(params)]
+    for key, values in grid.items():
+        if key not in {f.name for f in dataclasses.fields(m.PARAMS)}:
+            raise ValueError(f"{METHODS[name]}: tuning_grid names {key!r}, not a field of {m.PARAMS.__name__}")
+        for value in values:
+            candidate = {**params, key: value}
+            if candidate not in out:
+                out.append(candidate)
+    return out
 
 
 def check_train_settings(name: str, settings: dict, where: str = "settings") -> None:

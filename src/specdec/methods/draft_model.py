@@ -121,3 +121,8 @@ EXAMPLE = {"params": {"draft_len": 3},
 
 def build(params: dict, target) -> DraftModelProposer:
     return DraftModelProposer(DraftModelConfig(**params), target)
+
+
+def tuning_grid(p: DraftModelConfig) -> dict:
+    # each draft token is one drafter forward
+    return {"draft_len": [1, 2, 3, 4]}

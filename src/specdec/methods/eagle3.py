@@ -414,6 +414,13 @@ def build(params: dict, target) -> Eagle3Proposer:
     return Eagle3Proposer(Eagle3Config(**params), target)
 
 
+def tuning_grid(p: Eagle3Config) -> dict:
+    # a tree: its node budget at the variant's depth; a chain: its length (one drafter step per token)
+    if p.tree_topk > 1:
+        return {"max_tree_nodes": [6, 10, 16, 24]}
+    return {"draft_len": [1, 2, 3, 4]}
+
+
 # ---- vLLM ---------------------------------------------------------------------------------------
 VLLM = VllmServing(export="draft")
 

@@ -370,3 +370,10 @@ def export_vllm(ckpt_dir: str, target_dir: str, out_dir: str) -> None:
 
 def build(params: dict, target) -> MedusaProposer:
     return MedusaProposer(MedusaConfig(**params), target)
+
+
+def tuning_grid(p: MedusaConfig) -> dict:
+    # a tree: its node budget (drafting costs the same); a chain: its depth, at most one per head
+    if p.tree_topk > 1:
+        return {"max_tree_nodes": [6, 10, 16, 24]}
+    return {"draft_len": [1, 2, 3, 4]}

@@ -198,3 +198,8 @@ EXAMPLE = {"params": {"draft_len": 3},
 
 def build(params: dict, target) -> PardProposer:
     return PardProposer(PardConfig(**params), target)
+
+
+def tuning_grid(p: PardConfig) -> dict:
+    # one drafter forward whatever the length; positions past the trained ones are rarely accepted
+    return {"draft_len": [2, 3, 4, 6]}

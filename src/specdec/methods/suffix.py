@@ -233,3 +233,8 @@ def vllm_config(p: SuffixConfig, export_dir=None) -> dict:
 
 def build(params: dict, target=None) -> SuffixProposer:
     return SuffixProposer(SuffixConfig(**params))
+
+
+def tuning_grid(p: SuffixConfig) -> dict:
+    # the most tree nodes per step; the depth bound stays the variant's
+    return {"draft_len": [4, 8, 12, 16]}

@@ -296,6 +296,31 @@ def peer_lines(frame: pd.DataFrame) -> list[str]:
     return out
 
 
+def tuned_lines(frame: pd.DataFrame) -> list[str]:
+    """Each tuned variant (backends/tuning.py): what was chosen, on what, and its held-out row
+    beside its fixed variant's."""
+    if "tuning.fixed" not in frame:
+        return []
+    fixed_rows = frame[frame["tuning.fixed"].notna() & frame["label"].eq(frame["tuning.fixed"])]
+    out = []
+    for _, f in fixed_rows.iterrows():
+        same = (frame["dataset"] == f["dataset"]) & (frame["dtype_requested"] == f["dtype_requested"])
+        tuned = frame[same & frame["label"].eq(f"{f['method']}/{f['tuning.variant']}")]
+        chosen = ("the fixed variant itself" if f["tuning.same_as_fixed"] else f"{f['tuning.chosen']}, "
+                  f"predicted {f['tuning.predicted_decode_speedup']:.2f}x against the fixed variant's "
+                  f"{f['tuning.fixed_predicted_decode_speedup']:.2f}x")
+        measured = (f"fixed {speedup_cell(f)}" + (f", tuned {speedup_cell(tuned.iloc[0])}" if len(tuned) else ""))
+        out.append(f"- {f['dataset']}, {path_name(f)}, {dtype_name(f)}: {f['label']} tuned to {chosen}; "
+                   f"here: {measured}.")
+    if not out:
+        return []
+    return ["## Tuned variants", "",
+            "Each variant's draft length or tree size for this host, chosen on records of its prompt file that "
+            "no benchmark reads (`results/tuning/`), as the candidate whose costs (tokens per step, drafting time, "
+            "the cost curve's verification) predict the highest decode speedup; the tuned variant (`.tuned`) is "
+            "timed beside the fixed one in the same job:", "", *out, ""]
+
+
 def acceptance_table(rows: pd.DataFrame) -> str:
     per_pos = {r["label"] + f" ({path_name(r)}, {dtype_name(r)})": json.loads(r["acceptance_by_position"])
                for _, r in rows.iterrows() if isinstance(r.get("acceptance_by_position"), str)
@@ -325,6 +350,7 @@ def render_tables(frame: pd.DataFrame, sizing: str | None = None) -> str:
     peers = peer_lines(frame)
     if peers:
         lines += ["## Hugging Face peers, timed in the same process", ""] + peers + [""]
+    lines += tuned_lines(frame)
     for ds in dataset_order(frame):
         rows = frame[frame["dataset"] == ds]
         lines += [f"## {dataset_title(frame, ds)}", ""]
