@@ -108,6 +108,17 @@ def save_word_tokenizer(path, vocab_size=VOCAB):
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>").save_pretrained(path)
 
 
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    """A tiny random Llama with a word-level tokenizer, saved once per test module (EOS: token 2)."""
+    path = tmp_path_factory.mktemp("ckpt")
+    model = tiny_llama()
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(path)
+    save_word_tokenizer(path)
+    return path
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """With SPECDEC_SLURM=1, a single-node SLURM cluster for the session

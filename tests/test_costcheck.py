@@ -4,23 +4,13 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import save_word_tokenizer, tiny_llama
+from conftest import tiny_llama
 from specdec.backends import torch_bench
 from specdec.backends.cost_curve import cells, context_ids, context_length, cost_curve, tree_parents
 from specdec.core.tree import depths
 from specdec.data.records import write_jsonl
 from specdec.report.costcheck import TOLERANCE, check_costs, plain_steps, predict, read_curve
 from specdec.report.rows import rows_frame
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt")
-    model = tiny_llama()
-    model.generation_config.eos_token_id = 2
-    model.save_pretrained(path)
-    save_word_tokenizer(path)
-    return path
 
 
 def test_the_tree_is_binary_and_trees_start_at_three_nodes():

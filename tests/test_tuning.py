@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from conftest import save_word_tokenizer, tiny_llama
 from specdec import methods
 from specdec.backends.cost_curve import cost_curve
 from specdec.backends.torch_bench import bench_torch
@@ -13,16 +12,6 @@ from specdec.backends.tuning import MARGIN, candidate_arms, choose, pick, tune_t
 from specdec.data.records import RecordError, read_prompts, write_json, write_jsonl
 from specdec.report.rows import rows_frame
 from specdec.report.tables import render_tables
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt")
-    model = tiny_llama()
-    model.generation_config.eos_token_id = 2
-    model.save_pretrained(path)
-    save_word_tokenizer(path)
-    return path
 
 
 @pytest.mark.parametrize("name", methods.names())
