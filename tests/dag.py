@@ -21,6 +21,17 @@ CLUSTER = REPO / "tests" / "cluster"
 TIMED = ("bench_torch", "bench_vllm", "cost_curve", "tune_torch")   # timed jobs: each claims the whole machine
 
 
+SMOKE_FIXED_ROWS = 53   # the smoke DAG's rows before tuning: 5 PyTorch jobs and 3 vLLM jobs
+
+
+def smoke_row_count(wd: Path) -> int:
+    """The rows a finished smoke DAG writes: the fixed ones and each tuned variant that differs from
+    its fixed variant (results/tuning/*/*.json), which the held-out job times beside it."""
+    tuned = sum(not c["same_as_fixed"] for f in (wd / "results" / "tuning").glob("*/*.json")
+                if not f.name.endswith(".summary.json") for c in json.loads(f.read_text())["choices"])
+    return SMOKE_FIXED_ROWS + tuned
+
+
 def copy_workflow(dest: Path) -> Path:
     """Snakefile, workflow/, src/ and config.yaml in a scratch dir: touching its sources for the
     stale-rerun test leaves the repository alone."""

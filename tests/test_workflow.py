@@ -10,7 +10,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dag import REPO, SMOKE, TIMED, benchmarks_ran_alone, copy_workflow, dry_run_jobs, edit, job_counts, smk
+from dag import (
+    REPO,
+    SMOKE,
+    SMOKE_FIXED_ROWS,
+    TIMED,
+    benchmarks_ran_alone,
+    copy_workflow,
+    dry_run_jobs,
+    edit,
+    job_counts,
+    smk,
+    smoke_row_count,
+)
 
 
 def test_lint_is_clean():
@@ -309,7 +321,7 @@ def test_report_shows_its_plots_and_tables_in_headless_chromium(smoke_run, tmp_p
         assert frame.locator("th", has_text=re.compile("^speedup$")).count() == 1
         # every row of the results, whatever number of tuned variants the tuning added
         rows = pd.read_parquet(smoke_run / "results" / "rows.parquet")
-        assert frame.locator("tbody tr").count() == len(rows) >= 53
+        assert frame.locator("tbody tr").count() == len(rows) >= SMOKE_FIXED_ROWS
         page.screenshot(path=str(tmp_path / "report-rows.png"))
         browser.close()
 
@@ -397,7 +409,7 @@ def test_smoke_dag_end_to_end(smoke_run):
                 assert row["settings"]["params"] == c["params"]
                 tuned += 1
     assert "## Tuned variants" in tables
-    assert len(rows) == 53 + tuned == len(torch_rows(wd)) + sum(
+    assert len(rows) == SMOKE_FIXED_ROWS + tuned == smoke_row_count(wd) == len(torch_rows(wd)) + sum(
         len(vllm_job(wd, p)) for p in ("chat_heldout", "chat_overlap", "wiki"))
     # the cost curve at every PyTorch set's context, and every PyTorch row of ours checked against it
     curve = json.loads((wd / "results" / "costs" / "cost_curve.json").read_text())
@@ -419,7 +431,8 @@ def test_smoke_dag_end_to_end(smoke_run):
         ngram = vllm_row(wd, "ngram/k5", mode, "wiki")
         assert "error" not in ngram, ngram.get("error")
         assert ngram["settings"]["in_process"]  # vllm.in_process
-        assert set(ngram) >= torch_keys - {"same_run"} and ngram["prompts"] == 2
+        # the schema of our rows, less the blocks only our loop's jobs write
+        assert set(ngram) >= torch_keys - {"same_run", "tuning"} and ngram["prompts"] == 2
         # the baseline engine ran in the same job: a paired speedup, and its outputs as reference
         assert ngram["drafted_tokens"] > 0 and ngram["timing"] == "paired"
         assert ngram["speedup_ci"][0] <= ngram["speedup"] <= ngram["speedup_ci"][1]
