@@ -164,3 +164,61 @@ def test_cli_reports_bad_input_with_file_and_line(tiny_ckpt, tmp_path):
                            "--max-new-tokens", "4", "--out-records", str(tmp_path / "r.jsonl"),
                            "--out-summary", str(tmp_path / "s.json")], capture_output=True, text=True)
     assert proc.returncode == 1 and f"{tmp_path / 'missing'}: checkpoint directory not found" in proc.stderr
+
+
+VLLM_PEER_JOB = """
+import json, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import save_word_tokenizer
+from specdec.backends.torch_bench import bench_torch
+from specdec.core.loop import decode
+from specdec.core.target import TargetModel
+from specdec.data.records import write_jsonl
+
+root = sys.argv[1]
+torch.manual_seed(0)
+# vLLM's CPU attention takes head sizes of 32 and up: 2 heads of 64
+cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+model = LlamaForCausalLM(cfg).eval()
+prompts = [{"id": f"p{i}", "prompt": "", "prompt_ids": [3 + (7 * i + 5 * j) % 60 for j in range(10 + i)]}
+           for i in range(4)]
+# EOS: a token the target emits early on the first prompt, so that some decodes stop there
+eos = decode(TargetModel(model), prompts[0]["prompt_ids"], 6, set(), None).output_ids[-1]
+model.config.eos_token_id = model.generation_config.eos_token_id = eos
+model.save_pretrained(f"{root}/ckpt")
+save_word_tokenizer(f"{root}/ckpt")
+write_jsonl(f"{root}/p.jsonl", prompts)
+torch.set_num_threads(2)
+out = bench_torch(target_dir=f"{root}/ckpt", prompts_path=f"{root}/p.jsonl", dataset="wiki",
+                  arms=[{"method": "vllm_generate", "variant": "greedy", "params": {"kv_cache_memory_bytes": 1 << 26}}],
+                  max_new_tokens=24, warmup=1, dtype="float32", resamples=200,
+                  out_records=f"{root}/r.jsonl", out_summary=f"{root}/s.json")
+print(json.dumps({"eos": eos, "threads": torch.get_num_threads(), "row": out["rows"][0]}))
+"""
+
+
+def test_vllms_engine_is_a_peer_arm_of_our_baseline_in_one_job(tmp_path):
+    """vLLM's plain greedy decoding, timed as an arm of our loop's job (in this job's process and
+    threads), decodes what our baseline decodes in float32, EOS stops included. Run in a fresh
+    process: vLLM's CPU worker replaces torch.set_num_threads process-wide once it starts."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.run([sys.executable, "-c", VLLM_PEER_JOB, str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = got["row"]
+    assert row["method"] == "vllm_generate/greedy" and row["prompts"] == 4 and row["timing"] == "paired"
+    assert row["matches_baseline"] == 4, row["diverged_prompts"]
+    assert row["speedup"] > 0 and row["settings"]["arms"] == ["vllm_generate/greedy", "baseline"]
+    assert got["threads"] == 2 == row["environment"]["torch_threads"]
+    records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    peer = [r for r in records if r["method"] == "vllm_generate/greedy"]
+    # the first prompt stopped at EOS (6 tokens, EOS last), the same in both arms
+    assert peer[0]["output_ids"][-1] == got["eos"] and len(peer[0]["output_ids"]) <= 6
+    assert any(len(r["output_ids"]) == 24 for r in peer)

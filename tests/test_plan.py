@@ -32,7 +32,7 @@ def test_the_default_config_plans_its_jobs():
     checkpoints and their exports."""
     jobs = plan.load(CONFIG, host_class="bfloat16").jobs()
     assert jobs["bench_torch"] == {
-        "auto/chat_heldout": HEADLINE,
+        "auto/chat_heldout": ["vllm_generate/greedy", *HEADLINE],   # our baseline loop against vLLM's, paired
         "auto/wiki": ["ngram/k5", "suffix/d8", "null_drafter/k1"],
         "float32/chat_overlap": ["ngram/k5", "suffix/d8", "medusa/len4_top3_nodes10", "mtp/steps1",
                                  "draft_model/len3", "pard/len3", "eagle3/ttt5_tree10", "eagle3/ttt5_chain2"]}

@@ -10,7 +10,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from ..core.loop import DecodeResult
-from ..methods.hf_peers import PEERS
+from ..methods.peers import PEERS
 
 
 class _FirstTokenClock(BaseStreamer):
@@ -29,7 +29,7 @@ class _FirstTokenClock(BaseStreamer):
 
 
 def peer_kwargs(method: str, params: dict, model=None) -> dict:
-    """generate()'s keywords for a peer's variant (methods/hf_peers.py declares what it takes)."""
+    """generate()'s keywords for a peer's variant (methods/peers.py declares what it takes)."""
     if method not in PEERS:
         raise ValueError(f"unknown Hugging Face peer {method!r}")
     peer = PEERS[method]

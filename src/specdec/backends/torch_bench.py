@@ -23,6 +23,8 @@ each tuned arm's row, and to its fixed variant's, the choice that made it.
 """
 from __future__ import annotations
 
+import os
+
 from tqdm import tqdm
 
 from ..core.loop import decode
@@ -59,12 +61,19 @@ def check_arms(arms: list[dict]) -> None:
             raise ValueError(f"arm {label}: compare_with {other!r} is not an arm of this job ({', '.join(labels)})")
 
 
-def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int], sampling: Sampling):
+def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int], sampling: Sampling,
+            target_dir: str, context: int):
     """(run(prompt_ids, index, n=max_new_tokens) -> DecodeResult, proposer or None) for our loop
-    or a Hugging Face peer; prompt `index` samples with its own seed."""
+    or a peer (methods/peers.py: its engine); prompt `index` samples with its own seed."""
     if method in PEERS:
         if not sampling.greedy:
-            raise ValueError(f"{method}: the Hugging Face peers run greedy rows only")
+            raise ValueError(f"{method}: the peers run greedy rows only")
+        if PEERS[method].engine == "vllm":
+            from .vllm_peer import vllm_runner
+            PEERS[method].check(method, params)
+            dtype = str(model.dtype).removeprefix("torch.")
+            run = vllm_runner(target_dir, dtype, context, params, eos)
+            return (lambda ids, index, n=max_new_tokens: run(ids, index, n)), None
         kwargs = peer_kwargs(method, params, model)
         return (lambda ids, index, n=max_new_tokens: hf_decode(model, ids, n, eos, kwargs)), None
     target = TargetModel(model)
@@ -91,8 +100,8 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
                 skip: int = 0, tuning: dict | None = None) -> dict:
     """Benchmark every arm ({"method", "variant", "params", "compare_with"}) against one greedy
     baseline arm, all timed in this process on the same prompts, in a rotating order. Returns and
-    writes {"dataset", "rows": [one summary per arm]}. A Hugging Face peer's row also compares it
-    with the arm of ours named by its compare_with (`same_run`). `dtype` "auto" is the host's
+    writes {"dataset", "rows": [one summary per arm]}. A peer's row (methods/peers.py) may also
+    compare it with the arm of ours named by its compare_with (`same_run`). `dtype` "auto" is the host's
     speed dtype (specdec.host). `sampling` (core.sampling.Sampling fields): greedy when absent or
     at temperature 0. Records of every arm go to `out_records`. `require_dtype`: stop unless
     `dtype` resolves to it here (a job planned to run that dtype's arms, the lossless checks, in
@@ -119,12 +128,17 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
     if not fits:
         raise ValueError(f"{prompts_path}: no prompt fits the context of {context} tokens")
 
-    runners = {arm_label(a): _runner(model, a["method"], a.get("params") or {}, max_new_tokens, eos, sampled)
-               for a in arms}
-    runners[BASELINE] = _runner(model, BASELINE, {}, max_new_tokens, eos, sampled)
+    # a peer's engine admits the longest prompt that fits, with its decode
+    longest = max(len(p["prompt_ids"]) for p in fits) + max_new_tokens
+
+    def runner(method, params):
+        return _runner(model, method, params, max_new_tokens, eos, sampled, target_dir, longest)
+
+    runners = {arm_label(a): runner(a["method"], a.get("params") or {}) for a in arms}
+    runners[BASELINE] = runner(BASELINE, {})
     row_arms = arms + ([AA_CONTROL] if aa_control else [])
     if aa_control:
-        runners[arm_label(AA_CONTROL)] = _runner(model, BASELINE, {}, max_new_tokens, eos, sampled)
+        runners[arm_label(AA_CONTROL)] = runner(BASELINE, {})
     names = list(runners)
     warmup_tokens = min(max_new_tokens, WARMUP_TOKENS)
     for i, p in enumerate(fits[:warmup]):
@@ -156,6 +170,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
                     "warmup_prompts": warmup, "warmup_tokens": warmup_tokens,
                     "prompts_file": str(prompts_path), "target": str(target_dir), "limit": limit, "skip": skip,
                     "linear_route": route, "attention_route": attention,
+                    "ld_preload": os.environ.get("LD_PRELOAD") or None,
                     "arms": names, "arm_order": "rotated by one per prompt",
                     "compare_with": arm.get("compare_with"),
                     "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
@@ -176,7 +191,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
 
 
 def same_run_comparison(records: list[dict], other: list[dict], counterpart: str, resamples: int) -> dict:
-    """Our arm (`counterpart`) vs this arm (a Hugging Face peer), timed in one process on the same
+    """Our arm (`counterpart`) vs this arm (a peer), timed in one process on the same
     prompts: > 1 means ours is faster."""
     boot = paired_bootstrap([r["wall_s"] for r in records], [o["wall_s"] for o in other], resamples)
     return {

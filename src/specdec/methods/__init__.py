@@ -28,7 +28,8 @@ learned parts once one is declared, and vllm_config (export_vllm where VLLM name
 a method vLLM serves; a missing one is an error naming the module and the part.
 
 The core never imports from here; the backends, the CLI and the workflow's planner (specdec.plan) read it.
-Hugging Face `generate` peers are declared in hf_peers.py (PEERS) and run by backends/hf_generate.py.
+The peers (other engines: HF `generate`, vLLM) are declared in peers.py (PEERS) and run by
+backends/hf_generate.py and backends/vllm_peer.py.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .hf_peers import PEERS  # the Hugging Face `generate` peers: what each takes and loads
+from .peers import PEERS  # the peers (HF `generate`, vLLM): which engine runs each, what it takes
 
 # the parts a method module declares (the docstring above says what each is): every method's;
 # a learned method's, all of them once it declares any; and what a method vLLM serves needs
@@ -94,7 +95,7 @@ def check_parts(path: Path, tree: ast.Module) -> None:
 def _discover(directory: Path = Path(__file__).parent, package: str = __name__) -> dict[str, str]:
     """name -> module for every module of the package that declares a top-level `NAME = "..."`,
     read from its source (nothing is imported): adding a method is adding its file. Code shared
-    by methods (draft_lm.py) and the peers (hf_peers.py) declare no NAME. Each method module is
+    by methods (draft_lm.py) and the peers (peers.py) declare no NAME. Each method module is
     checked for the parts its kind needs (check_parts)."""
     found = {}
     for path in sorted(directory.glob("*.py")):

@@ -65,7 +65,7 @@ def draft_kind(row) -> str:
 
 def predict(row, curve: pd.DataFrame) -> dict | None:
     """The row's cost account (module doc), or None where it cannot have one: not our loop, no
-    per-step costs (a Hugging Face peer), or no curve for its dtype and set."""
+    per-step costs (a peer), or no curve for its dtype and set."""
     need = ("decode_speedup", "decode_s", "draft_ms_per_step", "target_ms_per_step", "steps", "drafting_steps",
             "drafted_tokens", "baseline_wall_s", "baseline_throughput_tok_s", "prompts")
     if row.get("backend") != "torch" or any(pd.isna(row.get(k)) for k in need):

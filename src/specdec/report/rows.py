@@ -14,6 +14,7 @@ import json
 
 import pandas as pd
 
+from .. import methods
 from ..data.records import atomic_path, read_json
 
 # dtype_requested too: on a host whose speed dtype is float32 but planned as a bf16-native one (as
@@ -73,7 +74,7 @@ def rows_frame(paths) -> pd.DataFrame:
     frame["summary_path"] = [p for p, _ in loaded]
     frame["headline"] = (frame["backend"].eq(HEADLINE["backend"]) & frame["dataset"].eq(HEADLINE["dataset"])
                          & frame["dtype_requested"].eq(HEADLINE["dtype_requested"])
-                         & ~frame["method"].str.startswith("hf_"))
+                         & ~frame["method"].isin(list(methods.PEERS)))
     duplicated = frame.duplicated(KEY, keep=False)
     if duplicated.any():
         raise ValueError(f"two summaries for one row: {sorted(frame.loc[duplicated, 'summary_path'])}")

@@ -129,7 +129,9 @@ def path_name(r) -> str:
         ours = ", our proposer" if r.get("proposer") == "specdec" else ""
         n = int(r["settings.requests_in_flight"])   # serial: 1; batched: the whole batch, up to max_num_seqs
         return f"vLLM {r['mode']} ({n} request{'s' if n > 1 else ''} in flight){ours}"
-    return "HF generate (peer)" if r["method"].startswith("hf_") else "PyTorch loop"
+    if r["method"] in methods.PEERS:
+        return f"{methods.PEERS[r['method']].title} (peer)"
+    return "PyTorch loop"
 
 
 def job_name(r) -> str:
@@ -233,7 +235,7 @@ def vllm_cell(rows: pd.DataFrame) -> str:
 def headline(frame: pd.DataFrame) -> str:
     """One row per method: held-out speedup first, vLLM's on the same held-out set, the
     train-overlap probe beside it, and the fp32 lossless check."""
-    torch_rows = frame[(frame["backend"] == "torch") & ~frame["method"].str.startswith("hf_")]
+    torch_rows = frame[(frame["backend"] == "torch") & ~frame["method"].isin(list(methods.PEERS))]
     held = frame[frame["headline"]]
     # vLLM's own implementation of the method, greedy, on the held-out set
     vllm = frame[frame["backend"] == "vllm"]
@@ -289,9 +291,8 @@ def peer_lines(frame: pd.DataFrame) -> list[str]:
                    f"process, alternating; identical outputs on {int(r['same_run.same_outputs'])}/"
                    f"{int(r['prompts'])} prompts.")
     baseline_peer = frame["method"].map(lambda m: m in methods.PEERS and methods.PEERS[m].baseline).astype(bool)
-    hf = frame[baseline_peer & frame["speedup"].notna()]
-    for _, r in hf.iterrows():
-        out.append(f"- HF `generate` ({r['dataset']}, {dtype_name(r)}): our baseline loop ran "
+    for _, r in frame[baseline_peer & frame["speedup"].notna()].iterrows():
+        out.append(f"- {methods.PEERS[r['method']].title} ({r['dataset']}, {dtype_name(r)}): our baseline loop ran "
                    f"**{1 / r['speedup']:.2f}x** [{1 / r['ci_high']:.2f}, {1 / r['ci_low']:.2f}] its speed.")
     return out
 
@@ -349,7 +350,7 @@ def render_tables(frame: pd.DataFrame, sizing: str | None = None) -> str:
         lines += ["## Headline: chat held-out, PyTorch loop, speed dtype", "", head, ""]
     peers = peer_lines(frame)
     if peers:
-        lines += ["## Hugging Face peers, timed in the same process", ""] + peers + [""]
+        lines += ["## Peers (other engines), timed in the same process", ""] + peers + [""]
     lines += tuned_lines(frame)
     for ds in dataset_order(frame):
         rows = frame[frame["dataset"] == ds]

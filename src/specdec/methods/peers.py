@@ -1,10 +1,15 @@
-"""The Hugging Face `generate` peers, declared once: what each takes and loads. They are not
-methods of ours (no NAME: the registry lists them apart, as PEERS); backends/hf_generate.py runs
-them with the benchmark's prompts, records and summary schema.
+"""The peers: other engines' decoding, timed in our loop's jobs beside our arms, declared once:
+which engine runs each, what it takes and loads. They are not methods of ours (no NAME: the
+registry lists them apart, as PEERS); backends/hf_generate.py (Hugging Face `generate`) and
+backends/vllm_peer.py (vLLM's offline engine) run them with the benchmark's prompts, records and
+summary schema.
 
-    options   the generate() keywords a variant may set
+    engine    "hf": transformers' generate() on the job's own model; "vllm": a vLLM engine on the
+              same checkpoint, dtype and threads, in the job's process
+    title     the engine as the tables name it
+    options   the variant parameters a peer takes
     owner     the method whose checkpoint it loads (its `checkpoint` parameter), or None
-    baseline  the peer of our baseline loop (plain greedy generate)
+    baseline  the peer of our baseline loop (plain greedy decoding)
 """
 from __future__ import annotations
 
@@ -13,10 +18,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Peer:
+    engine: str = "hf"
+    title: str = "HF `generate`"
     options: frozenset = frozenset()
     owner: str | None = None
     baseline: bool = False
-    default_draft_len: int | None = None   # generate()'s own default for its draft length option
+    default_draft_len: int | None = None   # the engine's own default for its draft length option
     draft_len_option: str | None = None
 
     def check(self, name: str, params: dict) -> None:
@@ -42,4 +49,8 @@ PEERS = {
     # assisted generation with the same draft checkpoint: the draft model's peer
     "hf_assisted": Peer(options=frozenset({"num_assistant_tokens", "num_assistant_tokens_schedule",
                                            "assistant_confidence_threshold"}), owner="draft_model"),
+    # vLLM's plain greedy decoding, one request at a time: our baseline loop's peer, paired in our
+    # job (the vLLM jobs time vLLM against itself)
+    "vllm_generate": Peer(engine="vllm", title="vLLM (offline engine, serial)", baseline=True,
+                          options=frozenset({"kv_cache_memory_bytes"})),
 }
