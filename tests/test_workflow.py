@@ -23,6 +23,7 @@ from dag import (
     smk,
     smoke_row_count,
 )
+from specdec.methods import PEERS
 
 
 def test_lint_is_clean():
@@ -348,7 +349,7 @@ def test_slurm_profile_requests_what_each_rule_needs():
 def test_smoke_dag_end_to_end(smoke_run):
     wd = smoke_run
     tables = (wd / "results" / "tables.md").read_text()
-    for name in ("ngram/k5", "suffix/d8", "hf_generate/greedy", "hf_prompt_lookup/k5",
+    for name in ("ngram/k5", "suffix/d8", "hf_generate/greedy", "vllm_generate/greedy", "hf_prompt_lookup/k5",
                  "medusa/len2_top2_nodes4", "mtp/steps2", "draft_model/len3", "pard/len3", "hf_assisted/len3",
                  "eagle3/chain2", "eagle3/tree3"):
         assert name in tables
@@ -416,7 +417,9 @@ def test_smoke_dag_end_to_end(smoke_run):
     assert {(p["dtype"], p["dataset"]) for p in curve["points"]} >= {
         ("float32", ds) for ds in ("chat_heldout", "chat_overlap", "wiki", "chat_heldout_t07")}
     assert curve["memory_read_gb_s"] > 0 and "float32" in [f["dtype"] for f in curve["floors"]]
-    ours = rows[(rows["backend"] == "torch") & ~rows["method"].str.startswith("hf_")]
+    # vLLM's plain decoding, a peer arm of our wiki jobs: our baseline against it, paired
+    assert "- vLLM (offline engine, serial) (wiki, " in tables
+    ours = rows[(rows["backend"] == "torch") & ~rows["method"].isin(list(PEERS))]
     assert ours["predicted_decode_speedup"].notna().all() and ours["cost_account"].notna().all()
     assert "Decode speedup / predicted" in tables and (wd / "results" / "cost_curve.md").exists()
     assert all(r["environment"]["memory_read_gb_s"] > 0 for r in torch_rows(wd))
