@@ -29,7 +29,7 @@ def test_every_rule_of_the_full_scale_dag_runs(full_shaped_run):
     wd, planned = full_shaped_run
     assert set(planned) == {"fetch_wheel", "target_model", "chat_set", "wiki_set", "hidden_states",
                             "train_proposer", "export_vllm", "bench_torch", "bench_vllm", "cost_curve",
-                            "tune_torch", "report", "job_spec"}
+                            "tune_torch", "report"}
     assert "Nothing to be done" in smk(wd, "-n", "--cores", "1", *FULL_SHAPED, "--", "results/tables.md").stdout
     # the local executor on two cores: a benchmark job (it claims every core) ran alone
     benchmarks, most = benchmarks_ran_alone((wd / "run.log").read_text())

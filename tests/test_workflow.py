@@ -20,10 +20,8 @@ from dag import (
     dry_run_jobs,
     edit,
     job_counts,
-    job_specs,
     smk,
     smoke_row_count,
-    spec_of,
 )
 from specdec.methods import PEERS
 
@@ -67,24 +65,19 @@ def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
     """The opt-in sweeps config adds its variants' rows and checkpoints to the default's; no job
     times a baseline alone (every speedup comes from a method's own job)."""
     wd = copy_workflow(tmp_path)
-    sweeps = ("--configfile", "config.yaml", "workflow/configs/sweeps.yaml")
     default = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
-    both = smk(wd, "-n", "-p", "--cores", "1", *sweeps, "--", "results/tables.md").stdout
-
-    def arms(specs):
-        return {f"{a['method']}/{a['variant']}": a for spec in specs.values() for a in spec.get("arms", [])}
-
-    # the sweeps' specs are built second, over the default's: a spec whose plan changed is rewritten
-    default_arms, both_arms = arms(job_specs(wd, default)), arms(job_specs(wd, both, *sweeps))
+    both = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml",
+               "--", "results/tables.md").stdout
     for arm in ("pard/len2", "pard/len6", "medusa/len4_top5_nodes31", "mtp/steps2", "eagle3/ttt6_tree10",
                 "hf_prompt_lookup/k5", "hf_assisted/len3"):
-        assert arm in both_arms and arm not in default_arms, arm
+        method, variant = arm.split("/")
+        assert f'"method": "{method}", "variant": "{variant}"' in both, arm
+        assert f'"method": "{method}", "variant": "{variant}"' not in default, arm
     assert "checkpoints/eagle3/ttt6/manifest.json" in both and "checkpoints/eagle3/ttt6/" not in default
     # the HF peers run in the job of the arm of ours they are compared with
-    assert {"ngram/k5", "draft_model/len3"} <= {a.get("compare_with") for a in both_arms.values()}
+    assert '"compare_with": "ngram/k5"' in both and '"compare_with": "draft_model/len3"' in both
     assert "results/torch/auto/chat_heldout.summary.json" in default
-    assert not any(arm.startswith("baseline/") for arm in default_arms | both_arms)
-    assert "baseline.summary.json" not in default + both
+    assert '"method": "baseline"' not in default + both and "baseline.summary.json" not in default + both
 
 
 def test_the_default_runs_the_null_drafter_and_a_a_arms(tmp_path):
@@ -93,33 +86,29 @@ def test_the_default_runs_the_null_drafter_and_a_a_arms(tmp_path):
     and wiki PyTorch jobs, and the null drafter inside vLLM on both sets, beside the methods' rows."""
     wd = copy_workflow(tmp_path)
     out = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
-    specs = job_specs(wd, out)
 
     def bench_torch(dataset):
         return next(line for line in out.splitlines()
                     if "specdec bench-torch" in line and f"--dataset {dataset} " in line)
 
-    def arms(command):
-        return {(a["method"], a["variant"]) for a in spec_of(command, specs)["arms"]}
-
     for dataset in ("chat_heldout", "wiki"):
         job = bench_torch(dataset)
-        assert ("null_drafter", "k1") in arms(job)
-        assert (("null_drafter", "k5") in arms(job)) == (dataset == "chat_heldout")
-        assert "--aa-control" in job and ("ngram", "k5") in arms(job)
+        assert '"method": "null_drafter", "variant": "k1"' in job
+        assert ('"method": "null_drafter", "variant": "k5"' in job) == (dataset == "chat_heldout")
+        assert "--aa-control" in job and '"method": "ngram", "variant": "k5"' in job
     overlap = bench_torch("chat_overlap")
-    assert "--aa-control" not in overlap and "null_drafter" not in {m for m, _ in arms(overlap)}
+    assert "--aa-control" not in overlap and '"method": "null_drafter"' not in overlap
     # the held-out job times its tuned variants, chosen by a tuning job that drafts no control
     assert "--tuned results/tuning/auto/chat_heldout.json" in bench_torch("chat_heldout")
     assert "--tuned" not in bench_torch("wiki") + overlap
     tune = next(line for line in out.splitlines() if "specdec tune-torch" in line)
     # after the 32 held-out prompts the benchmarks read (16 where the host class halves them)
-    assert "--dataset chat_heldout " in tune and "null_drafter" not in {m for m, _ in arms(tune)}
+    assert "--dataset chat_heldout " in tune and "null_drafter" not in tune
     assert re.search(r"--skip 32 --limit 6 |--skip 16 --limit 4 ", tune)
     for prompts, variant in (("chat_heldout", "k5"), ("wiki", "k1")):
         vllm = out.split(f"results/vllm/{prompts}.jsonl")[1]
-        nulls = [(a["method"], a["variant"], a["proposer"]) for a in spec_of(vllm, specs)["arms"]
-                 if a["method"] == "null_drafter"]
+        arms = json.loads(re.search(r"--arms '(\[.*?\])'", vllm).group(1))
+        nulls = [(a["method"], a["variant"], a["proposer"]) for a in arms if a["method"] == "null_drafter"]
         assert nulls == [("null_drafter", variant, "specdec")]
 
 
@@ -129,18 +118,17 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
     wd = copy_workflow(tmp_path)
     jobs = re.compile(r"output: results/vllm/(\S+?)\.jsonl")
     default = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
-    specs = job_specs(wd, default)
     assert sorted(jobs.findall(default)) == ["chat_heldout", "float32-lossless", "wiki"]
     # vllm.lossless: every arm of the held-out set again, float32, serial, no A/A engine
     lossless = default.split("results/vllm/float32-lossless.jsonl")[1].split("rule ")[0]
-    check = spec_of(lossless, specs)
-    assert re.search(r"--dtype (\S+)", lossless).group(1) == "float32" and list(check["modes"]) == ["serial"]
-    assert "--in-process" in lossless and "--aa-control" not in lossless
-    assert [(r["mode"], r["dataset"], r["limit"], r["max_new_tokens"]) for r in check["rows"]] == [
+    check = re.search(r"--arms '(\[.*?\])' --rows '(\[.*?\])' --modes '(\{.*?\})' --dtype (\S+)", lossless)
+    assert check.group(4) == "float32" and list(json.loads(check.group(3))) == ["serial"]
+    assert "--in-process" in check.group(0) + lossless and "--aa-control" not in lossless
+    assert [(r["mode"], r["dataset"], r["limit"], r["max_new_tokens"]) for r in json.loads(check.group(2))] == [
         ("serial", "chat_heldout", 4, 32)]
-    assert len(check["arms"]) == 8
-    chat = spec_of(default.split("results/vllm/chat_heldout.jsonl")[1], specs)
-    arms, rows = chat["arms"], chat["rows"]
+    assert len(json.loads(check.group(1))) == 8
+    chat = re.search(r"--arms '(\[.*?\])' --rows '(\[.*?\])'", default.split("results/vllm/chat_heldout.jsonl")[1])
+    arms, rows = json.loads(chat.group(1)), json.loads(chat.group(2))
     assert [a["method"] for a in arms] == ["ngram", "suffix", "medusa", "mtp", "draft_model", "pard", "eagle3",
                                            "null_drafter"]
     assert all(a["datasets"] == ["chat_heldout", "chat_heldout_t07"] and a["proposer"] == "vllm" for a in arms[:-1])
@@ -167,12 +155,10 @@ def test_the_ablation_undoes_each_change_in_order(tmp_path):
     configured checkpoint. The decoding job runs each checkpoint once."""
     wd = copy_workflow(tmp_path)
     # the config as written (a float32-class host's sizing halves the training steps)
-    sized = ("--config", "sizing={host: bfloat16}")
-    out = smk(wd, "-n", "-p", "--cores", "1", *sized, "--", "docs/ablation.md").stdout
-    specs = job_specs(wd, out, *sized)
-    train = re.compile(r"specdec train --method (\w+) --hidden (\S+) .*?--spec (\S+) "
+    out = smk(wd, "-n", "-p", "--cores", "1", "--config", "sizing={host: bfloat16}", "--", "docs/ablation.md").stdout
+    train = re.compile(r"specdec train --method (\w+) --hidden (\S+) .*?--settings '(\{.*?\})' "
                        r".*?--out-dir checkpoints/\w+/(\S+)")
-    trains = {m.group(4): (m.group(1), m.group(2), specs[m.group(3)]["settings"]) for m in train.finditer(out)}
+    trains = {m.group(4): (m.group(1), m.group(2), json.loads(m.group(3))) for m in train.finditer(out)}
     assert sorted(trains) == ["heads4", "heads4_ablation0", "heads4_ablation1", "heads4_ablation2",
                               "heads4_ablation3", "ttt5", "ttt5_ablation0", "ttt5_ablation2", "ttt5_ablation3",
                               "ttt5_ablation4"]
@@ -192,13 +178,14 @@ def test_the_ablation_undoes_each_change_in_order(tmp_path):
     passes = trains["ttt5_ablation4"][2]
     assert passes["eagle3"]["ttt_steps"] == 3 and passes["train"]["steps"] == 500
     assert trains["ttt5"][2]["eagle3"]["ttt_steps"] == 5
-    rows = spec_of(out.split("specdec ablation ")[1], specs)["rows"]
+    rows = json.loads(re.search(r"specdec ablation --rows '(\[.*?\])'", out).group(1))
     assert [(r["change"], r["checkpoint"]) for r in rows if r["method"] == "eagle3"] == [
         ("baseline", "ttt5_ablation0"), ("feature fix", "ttt5_ablation0"), ("on-policy data", "ttt5_ablation2"),
         ("soft labels", "ttt5_ablation3"), ("more passes", "ttt5_ablation4"), ("TTT depth", "ttt5")]
     assert [r["checkpoint"] for r in rows if r["method"] == "medusa"][-2:] == ["heads4", "heads4"]
     job = out.split("results/ablation/auto/chat_heldout.jsonl")[1]
-    assert sorted(a["variant"] for a in spec_of(job, specs)["arms"]) == sorted(trains)
+    arms = json.loads(re.search(r"--arms '(\[.*?\])'", job).group(1))
+    assert sorted(a["variant"] for a in arms) == sorted(trains)
 
 
 def test_a_variant_that_runs_in_no_job_is_a_config_error(tmp_path):
@@ -569,9 +556,8 @@ def test_every_job_loaded_only_its_code_inputs(smoke_run):
     makes that job stale. (The hand-kept lists this replaced missed core/sampling.py and
     core/loop.py in the vLLM jobs.)"""
     wd = smoke_run
-    jobs = [job for job in dry_run_jobs(smk(wd, "-n", "--forceall", "results/tables.md", "results/learning_curve.md",
-                                            "--cores", "1", *SMOKE).stdout)
-            if job["rule"] != "job_spec"]   # it writes a file from Snakemake's process: no `python -m specdec`
+    jobs = dry_run_jobs(smk(wd, "-n", "--forceall", "results/tables.md", "results/learning_curve.md",
+                            "--cores", "1", *SMOKE).stdout)
     runs = [json.loads(line) for line in (wd / "modules.jsonl").read_text().splitlines()]
     assert len(runs) >= len(jobs) - 3   # fetch_wheel's download may be cached; every other job logs
 

@@ -1,6 +1,5 @@
 # Thin accessors for the rules. What runs is decided by the plan (specdec.plan: the jobs, their
 # arms, rows and inputs); this file builds it from the merged config and names a few paths.
-import json
 import os
 import re
 import sys
@@ -9,7 +8,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from specdec import deps  # noqa: E402  (src/ is on sys.path: the Snakefile)
-from specdec.plan import ABLATION_HIDDEN, DATASET_FILES, HIDDEN, Plan, spec_path  # noqa: E402
+from specdec.plan import ABLATION_HIDDEN, DATASET_FILES, HIDDEN, Plan, shell_json  # noqa: E402
 
 # the plan of the merged config; it adds the learning curve's and the ablation's checkpoints to
 # config["train"]["checkpoints"], and raises on a config that plans no valid DAG
@@ -48,17 +47,6 @@ def rule_threads(rule):
 
 
 rule_resources = PLAN.rule_resources
-
-
-def job_spec(rule, *wildcard_names):
-    """A job's spec file (written by the rule job_spec), keyed by the named wildcards."""
-    return lambda wc: spec_path(rule, "/".join(wc[name] for name in wildcard_names))
-
-
-def write_spec(spec, out, log):
-    """What job_spec runs: the planned spec as JSON, its fields in the log."""
-    Path(out).write_text(json.dumps(spec, indent=1) + "\n")
-    Path(log).write_text(f"{out}: {', '.join(spec)}\n")
 
 
 def target_dir(wildcards, input):
