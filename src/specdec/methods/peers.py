@@ -5,15 +5,21 @@ backends/vllm_peer.py (vLLM's offline engine) run them with the benchmark's prom
 summary schema.
 
     engine    "hf": transformers' generate() on the job's own model; "vllm": a vLLM engine on the
-              same checkpoint, dtype and threads, in the job's process
+              same checkpoint, dtype and threads, in the job's process; "llamacpp": a llama-server
+              process on the same checkpoint converted to GGUF in the job's dtype, on the job's
+              thread count (backends/llamacpp_peer.py)
     title     the engine as the tables name it
     options   the variant parameters a peer takes
     owner     the method whose checkpoint it loads (its `checkpoint` parameter), or None
     baseline  the peer of our baseline loop (plain greedy decoding)
+    tool      a build directory the peer runs from, made by a rule of the workflow, which writes its
+              manifest.json last (the job's input); the job gets it as the `build` parameter
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+LLAMACPP_BUILD = "data/llama.cpp"   # rule llamacpp_build (workflow/rules/llamacpp.smk)
 
 
 @dataclass(frozen=True)
@@ -25,10 +31,11 @@ class Peer:
     baseline: bool = False
     default_draft_len: int | None = None   # the engine's own default for its draft length option
     draft_len_option: str | None = None
+    tool: str | None = None
 
     def check(self, name: str, params: dict) -> None:
         """A variant's parameters: known options, and the checkpoint where the peer loads one."""
-        allowed = self.options | ({"checkpoint"} if self.owner else set())
+        allowed = self.options | ({"checkpoint"} if self.owner else set()) | ({"build"} if self.tool else set())
         unknown = sorted(set(params) - allowed)
         if unknown or (self.owner and "checkpoint" not in params):
             needs = f"needs checkpoint (a {self.owner} checkpoint), " if self.owner else ""
@@ -53,4 +60,14 @@ PEERS = {
     # job (the vLLM jobs time vLLM against itself)
     "vllm_generate": Peer(engine="vllm", title="vLLM (offline engine, serial)", baseline=True,
                           options=frozenset({"kv_cache_memory_bytes"})),
+    # llama.cpp's server (opt-in: workflow/configs/llamacpp.yaml builds it): its plain greedy
+    # decoding, and its n-gram lookup (`--spec-type ngram-simple`: the draft is the m tokens that
+    # followed the last earlier match of the current n-gram), our n-gram method's peer
+    "llamacpp_generate": Peer(engine="llamacpp", title="llama.cpp (llama-server)", baseline=True,
+                              options=frozenset({"poll"}), tool=LLAMACPP_BUILD),
+    "llamacpp_lookup": Peer(engine="llamacpp", title="llama.cpp (llama-server)", tool=LLAMACPP_BUILD,
+                            options=frozenset({"poll", "spec_type", "spec_ngram_simple_size_n",
+                                               "spec_ngram_simple_size_m", "spec_ngram_simple_min_hits",
+                                               "spec_draft_n_max", "spec_draft_n_min"}),
+                            draft_len_option="spec_ngram_simple_size_m", default_draft_len=48),
 }

