@@ -84,7 +84,7 @@ def cmd_fetch_wheel(a):
 
 
 def cmd_build_llamacpp(a):
-    from .backends.llamacpp_peer import build_llamacpp
+    from .backends.llamacpp_build import build_llamacpp
     print(f"llama.cpp -> {build_llamacpp(a.requirement, a.out, a.jobs)}")
 
 

@@ -20,7 +20,7 @@ rule llamacpp_build:
     log:
         "logs/llamacpp_build.log",
     benchmark:
-        "benchmarks/llamacpp_build.tsv"
+        "benchmarks/llamacpp_build/llamacpp_build.tsv"
     shell:
         "python -m specdec build-llamacpp --requirement '{params.requirement}' --out {params.out}"
         " --jobs {threads} > {log} 2>&1"
