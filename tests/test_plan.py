@@ -2,17 +2,15 @@
 plans on each host class, and the config errors it raises. The integration tests check that the
 DAG Snakemake builds from it is the one these tests describe (test_workflow.py)."""
 
-import argparse
 import copy
 import json
-import re
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 
-from specdec import cli, plan
+from specdec import plan
 from specdec.plan import ConfigError, Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,60 +120,19 @@ def test_the_full_scale_config_runs_one_vllm_job_per_arm():
         assert p.vllm_job_prompts(job) == sorted({r["prompts"] for r in rows})
 
 
-def test_jobs_read_their_structured_parameters_from_a_spec_file(tmp_path):
-    """No JSON crosses a shell: a job's arms, rows and settings are the spec the planner writes
-    (as Snakemake builds the DAG: workflow/rules/common.smk), each field an option of the job's
-    verb, which reads it with --spec; a bad spec is an error naming the file and the field."""
+def test_job_parameters_are_shell_words():
+    """Every planned JSON parameter reaches its job as one shell word, whatever it holds."""
     p = plan.load(CONFIG, host_class="bfloat16")
-    verbs = {"bench_torch": "bench-torch", "ablation_bench": "bench-torch", "tune_torch": "tune-torch",
-             "cost_curve": "cost-curve", "ablation": "ablation", "train_proposer": "train", "bench_vllm": "bench-vllm"}
-    subparsers = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    held_out = "auto/chat_heldout"
-    keys = {"bench_torch": held_out, "ablation_bench": held_out, "tune_torch": held_out, "cost_curve": "",
-            "ablation": "", "train_proposer": "eagle3/ttt5", "bench_vllm": plan.LOSSLESS_JOB}
-    for rule, verb in verbs.items():
-        spec = p.job_spec(rule, keys[rule])
-        assert spec and set(spec) <= set(subparsers.choices[verb].get_default("spec_fields")), rule
-        assert json.loads(json.dumps(spec)) == spec
-    assert p.job_spec("bench_torch", "auto/chat_heldout")["arms"] == p.torch_job_arms("auto", "chat_heldout")
-    assert p.job_spec("train_proposer", "eagle3/ttt5")["settings"] == p.train_settings("eagle3", "ttt5")
-    lossless = p.job_spec("bench_vllm", plan.LOSSLESS_JOB)
-    assert lossless["modes"] == {"serial": {"max_num_seqs": 1, "warmup_prompts": 1}}
-    with pytest.raises(ConfigError, match="no job spec for rule 'report'"):
-        p.job_spec("report", "")
-    # the verb reads the spec; the command line wins over it
-    arms = p.job_spec("bench_torch", "auto/chat_heldout")["arms"]
+    arms = p.torch_job_arms("auto", "chat_heldout")
     arms[0]["params"]["note"] = "it's a 'quoted' value; $HOME `x`"
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps({"arms": arms}))
-    base = ["bench-torch", "--target", "t", "--prompts", "p.jsonl", "--dataset", "chat_heldout",
-            "--max-new-tokens", "8", "--out-records", "r", "--out-summary", "s"]
-    args = cli.build_parser().parse_args([*base, "--spec", str(path)])
-    cli.apply_spec(args)
-    assert args.arms == arms and args.sampling == {}
-    args = cli.build_parser().parse_args([*base, "--spec", str(path), "--arms", "[]"])
-    cli.apply_spec(args)
-    assert args.arms == []
-    for bad, error in [({"arm": arms}, "field 'arm' is not an option of specdec bench-torch"),
-                       ({"arms": {}}, "field 'arms': expected a JSON list, got dict"),
-                       ([arms], "expected a JSON object")]:
-        path.write_text(json.dumps(bad))
-        args = cli.build_parser().parse_args([*base, "--spec", str(path)])
-        with pytest.raises(ValueError, match=re.escape(f"--spec {path}: ") + ".*" + re.escape(error)):
-            cli.apply_spec(args)
-    args = cli.build_parser().parse_args(base)
-    with pytest.raises(ValueError, match="--arms is required"):
-        cli.apply_spec(args)
-    # the rules pass no JSON on a command line
-    rules = "".join(f.read_text() for f in (ROOT / "workflow" / "rules").glob("*.smk"))
-    assert "json.dumps" not in rules.replace("json.dumps(spec", "") and "'{params." not in rules.replace(
-        "'{params.requirement}'", "")
+    assert json.loads(shlex.split(plan.shell_json(arms))[0]) == arms
     args = shlex.split(p.vllm_engine_args(plan.LOSSLESS_JOB))
     assert args[args.index("--dtype") + 1] == "float32" and "--aa-control" not in args
-    assert "--role" in args and "--modes" not in args
+    assert "--role" in args
     assert "--async-scheduling" not in args   # absent from the config: vLLM's choice per engine
     off = plan.load(CONFIG, {"vllm": {"async_scheduling": False}}, host_class="bfloat16")
     assert "--async-scheduling off" in off.vllm_engine_args("chat_heldout")
+    assert json.loads(args[args.index("--modes") + 1]) == {"serial": {"max_num_seqs": 1, "warmup_prompts": 1}}
 
 
 def test_checkpoint_inputs_follow_the_config():

@@ -1,6 +1,5 @@
 # Thin accessors for the rules. What runs is decided by the plan (specdec.plan: the jobs, their
 # arms, rows and inputs); this file builds it from the merged config and names a few paths.
-import json
 import os
 import re
 import sys
@@ -9,7 +8,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from specdec import deps  # noqa: E402  (src/ is on sys.path: the Snakefile)
-from specdec.plan import ABLATION_HIDDEN, DATASET_FILES, HIDDEN, Plan, spec_path  # noqa: E402
+from specdec.plan import ABLATION_HIDDEN, DATASET_FILES, HIDDEN, Plan, shell_json  # noqa: E402
 
 # the plan of the merged config; it adds the learning curve's and the ablation's checkpoints to
 # config["train"]["checkpoints"], and raises on a config that plans no valid DAG
@@ -48,28 +47,6 @@ def rule_threads(rule):
 
 
 rule_resources = PLAN.rule_resources
-
-
-def job_spec(rule, *wildcard_names):
-    """An input function: the spec file of a job (specdec.plan.spec_path, keyed by the named
-    wildcards), written from the plan as the DAG is built, and only where its content changed, so
-    an unchanged plan leaves the file and the job as they were, and a changed one makes the job
-    stale. No job writes it: a spec costs no Snakemake job."""
-    def spec(wc):
-        key = "/".join(wc[name] for name in wildcard_names)
-        return write_spec(PLAN.job_spec(rule, key), spec_path(rule, key))
-    return spec
-
-
-def write_spec(spec, out):
-    text = json.dumps(spec, indent=1) + "\n"
-    path = Path(out)
-    if not path.is_file() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(text)
-        tmp.replace(path)   # atomic: a job reading it never sees half a file
-    return out
 
 
 def target_dir(wildcards, input):
