@@ -69,7 +69,7 @@ def test_llamacpp_decodes_our_checkpoint_as_our_loop_does(smol_shaped, tmp_path,
     torch.set_num_threads(1)
     prompt = tok("The quick brown fox jumps over the lazy dog. The quick brown")["input_ids"]
     ours = decode(TargetModel(model, pack=False), prompt, 24, set()).output_ids
-    run, server = llamacpp_runner(str(BUILD), str(path), torch.float32, 1, 256, params, set(), workdir=tmp_path)
+    run, server = llamacpp_runner(str(BUILD), str(path), torch.float32, 1, 256, params, workdir=tmp_path)
     try:
         res = run(prompt, 0, 24)
     finally:

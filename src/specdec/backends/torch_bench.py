@@ -75,7 +75,7 @@ def _runner(model, method: str, params: dict, max_new_tokens: int, eos: set[int]
             PEERS[method].check(method, params)
             options = {k: v for k, v in params.items() if k != "build"}
             run, server = llamacpp_runner(params["build"], target_dir, model.dtype, torch.get_num_threads(),
-                                          context, options, eos)
+                                          context, options)
             return (lambda ids, index, n=max_new_tokens: run(ids, index, n)), server
         if PEERS[method].engine == "vllm":
             from .vllm_peer import vllm_runner
