@@ -80,35 +80,61 @@ def test_hidden_taps_match_output_hidden_states(tiny_model):
     assert torch.allclose(tiny_model.model.norm(hidden[3]), ref[3][0], atol=1e-5)
 
 
-def test_prepacked_bf16_linears_give_bit_identical_logits(tiny_model):
-    """pack_linears routes bf16 CPU linears through oneDNN with prepacked weights: the prefill, a
-    chain and a tree forward give exactly the logits of the unpacked model; other dtypes keep aten."""
-    import copy
-
-    from specdec.core.target import fold_attention, linear_route, onednn_bf16, pack_linears
-
-    assert pack_linears(copy.deepcopy(tiny_model)) == "aten"          # fp32: untouched
-    plain = copy.deepcopy(tiny_model).to(torch.bfloat16)
-    packed_model = copy.deepcopy(plain)
-    packed, ref = TargetModel(packed_model), TargetModel(plain, pack=False)
-    fold_attention(plain)   # the same attention route as the packed one: only the linears differ
-    if not onednn_bf16():   # no oneDNN, or a CPU whose oneDNN refuses bf16 (AVX2 only): aten stays
-        assert packed.linear_route == linear_route(packed_model) == "aten"
-        return
-    assert packed.linear_route == linear_route(packed_model) == "onednn_prepacked" and ref.linear_route == "aten"
+def _same_logits(a: TargetModel, b: TargetModel) -> None:
+    """The prefill, a chain and a tree forward of two targets give exactly the same logits."""
     prompt = [5, 9, 3, 17, 22, 8, 40, 11]
-    for t in (packed, ref):
-        t.prefill(prompt)
     outs = []
-    for t in (packed, ref):
+    for t in (a, b):
+        first, _ = t.prefill(prompt)
         chain, _ = t.forward([12, 13, 14, 15])
         t.commit([0, 1])
         tree, _ = t.forward([30, 31, 32, 33, 34], [-1, 0, 0, 1, 2])
         t.commit([0, 2, 4])
         last, _ = t.prefill(prompt + [1, 2, 3])
-        outs.append((chain, tree, last))
-    for a, b in zip(*outs):
-        assert torch.equal(a, b)
+        step, _ = t.forward([7])
+        outs.append((first, chain, tree, last, step))
+    for x, y in zip(*outs):
+        assert torch.equal(x, y)
+
+
+def test_fused_sibling_linears_give_bit_identical_logits(tiny_model):
+    """pack_linears runs q/k/v and gate/up as one matmul over stacked weights: fp32 logits equal the
+    unpacked model's bit for bit, the siblings' weights are views of the stacked one, and a sibling
+    called on a tensor its first sibling did not see runs its own linear."""
+    import copy
+
+    from specdec.core.target import linear_route, pack_linears
+
+    model = copy.deepcopy(tiny_model)
+    assert pack_linears(model) == linear_route(model) == "aten+fused"
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.numel() * 4
+    assert pack_linears(model) == "aten+fused"                       # idempotent
+    _same_logits(TargetModel(model), TargetModel(copy.deepcopy(tiny_model), pack=False))
+    x, other = torch.randn(1, 3, attn.q_proj.in_features), torch.randn(1, 3, attn.q_proj.in_features)
+    q = attn.q_proj(x)
+    assert torch.equal(attn.k_proj(other), torch.nn.functional.linear(other, attn.k_proj.weight))
+    assert torch.equal(q, torch.nn.functional.linear(x, attn.q_proj.weight))
+    assert torch.equal(mlp.up_proj(other), torch.nn.functional.linear(other, mlp.up_proj.weight))
+
+
+def test_prepacked_bf16_linears_give_bit_identical_logits(tiny_model):
+    """pack_linears routes bf16 CPU linears through oneDNN with prepacked weights (q/k/v and gate/up
+    fused): the prefill, a chain and a tree forward give exactly the logits of the unpacked model."""
+    import copy
+
+    from specdec.core.target import fold_attention, linear_route, onednn_bf16
+
+    plain = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    packed_model = copy.deepcopy(plain)
+    packed, ref = TargetModel(packed_model), TargetModel(plain, pack=False)
+    fold_attention(plain)   # the same attention route as the packed one: only the linears differ
+    if not onednn_bf16():   # no oneDNN, or a CPU whose oneDNN refuses bf16 (AVX2 only): aten stays
+        assert packed.linear_route == linear_route(packed_model) == "aten+fused"
+        return
+    assert packed.linear_route == linear_route(packed_model) == "onednn_prepacked+fused"
+    assert ref.linear_route == "aten"
+    _same_logits(packed, ref)
 
 
 def test_folded_bf16_attention_is_sdpa_to_rounding(tiny_model):
