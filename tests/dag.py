@@ -56,6 +56,18 @@ def edit(path: Path) -> None:
         f.write("\n# edited by the stale-rerun test\n")
 
 
+def job_specs(wd: Path, dry_run_output: str) -> dict[str, dict]:
+    """The spec files that a dry run's printed commands read with --spec, as the dry run in `wd`
+    wrote them (Snakemake writes a job's spec as it builds the DAG): {path: fields}."""
+    paths = sorted(set(re.findall(r"--spec (\S+)", dry_run_output)))
+    return {path: json.loads((wd / path).read_text()) for path in paths}
+
+
+def spec_of(command: str, specs: dict[str, dict]) -> dict:
+    """The spec of the (first) job in `command`, a slice of a dry run's output."""
+    return specs[re.search(r"--spec (\S+)", command).group(1)]
+
+
 def job_counts(dry_run_output: str) -> dict[str, int]:
     stats = dry_run_output.split("Job stats:", 1)[1]
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M) if m.group(1) != "total"}

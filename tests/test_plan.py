@@ -2,15 +2,17 @@
 plans on each host class, and the config errors it raises. The integration tests check that the
 DAG Snakemake builds from it is the one these tests describe (test_workflow.py)."""
 
+import argparse
 import copy
 import json
+import re
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 
-from specdec import plan
+from specdec import cli, plan
 from specdec.plan import ConfigError, Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,19 +122,81 @@ def test_the_full_scale_config_runs_one_vllm_job_per_arm():
         assert p.vllm_job_prompts(job) == sorted({r["prompts"] for r in rows})
 
 
-def test_job_parameters_are_shell_words():
-    """Every planned JSON parameter reaches its job as one shell word, whatever it holds."""
+def test_spec_files_are_named_by_their_content_and_never_rewritten(tmp_path):
+    """A job's spec file is written once, named by its content: the same spec gives the same file,
+    left untouched (its job stays up to date); a changed spec gives a new file (its job is stale);
+    and writing another plan's spec, as a dry run of another config does, leaves the first file
+    as it was."""
+    import os
+
+    spec = {"arms": [{"method": "ngram", "variant": "k5", "params": {"draft_len": 5}}]}
+    first = plan.spec_file("bench_torch", "auto/wiki", spec, root=tmp_path)
+    assert first.startswith(f"{tmp_path}/results/specs/bench_torch/auto/wiki.") and first.endswith(".json")
+    assert json.loads(open(first).read()) == spec
+    os.utime(first, (1, 1))                    # as old as a finished job's inputs
+    assert plan.spec_file("bench_torch", "auto/wiki", json.loads(json.dumps(spec)), root=tmp_path) == first
+    assert os.stat(first).st_mtime == 1        # not rewritten
+    other = plan.spec_file("bench_torch", "auto/wiki", {"arms": []}, root=tmp_path)
+    assert other != first and os.stat(first).st_mtime == 1 and json.loads(open(first).read()) == spec
+    assert plan.spec_file("cost_curve", "", {"sets": {}}, root=tmp_path).startswith(
+        f"{tmp_path}/results/specs/cost_curve/cost_curve.")
+    assert not list(tmp_path.rglob(".*.json.*"))   # no temporary file left behind
+
+
+def test_jobs_read_their_structured_parameters_from_a_spec_file(tmp_path):
+    """No JSON crosses a shell: a job's arms, rows and settings are the spec the planner writes
+    (as Snakemake builds the DAG: workflow/rules/common.smk), each field an option of the job's
+    verb, which reads it with --spec; a bad spec is an error naming the file and the field."""
     p = plan.load(CONFIG, host_class="bfloat16")
-    arms = p.torch_job_arms("auto", "chat_heldout")
+    verbs = {"bench_torch": "bench-torch", "ablation_bench": "bench-torch", "tune_torch": "tune-torch",
+             "cost_curve": "cost-curve", "ablation": "ablation", "train_proposer": "train", "bench_vllm": "bench-vllm"}
+    subparsers = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    held_out = "auto/chat_heldout"
+    keys = {"bench_torch": held_out, "ablation_bench": held_out, "tune_torch": held_out, "cost_curve": "",
+            "ablation": "", "train_proposer": "eagle3/ttt5", "bench_vllm": plan.LOSSLESS_JOB}
+    for rule, verb in verbs.items():
+        spec = p.job_spec(rule, keys[rule])
+        assert spec and set(spec) <= set(subparsers.choices[verb].get_default("spec_fields")), rule
+        assert json.loads(json.dumps(spec)) == spec
+    assert p.job_spec("bench_torch", "auto/chat_heldout")["arms"] == p.torch_job_arms("auto", "chat_heldout")
+    assert p.job_spec("train_proposer", "eagle3/ttt5")["settings"] == p.train_settings("eagle3", "ttt5")
+    lossless = p.job_spec("bench_vllm", plan.LOSSLESS_JOB)
+    assert lossless["modes"] == {"serial": {"max_num_seqs": 1, "warmup_prompts": 1}}
+    with pytest.raises(ConfigError, match="no job spec for rule 'report'"):
+        p.job_spec("report", "")
+    # the verb reads the spec; the command line wins over it
+    arms = p.job_spec("bench_torch", "auto/chat_heldout")["arms"]
     arms[0]["params"]["note"] = "it's a 'quoted' value; $HOME `x`"
-    assert json.loads(shlex.split(plan.shell_json(arms))[0]) == arms
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({"arms": arms}))
+    base = ["bench-torch", "--target", "t", "--prompts", "p.jsonl", "--dataset", "chat_heldout",
+            "--max-new-tokens", "8", "--out-records", "r", "--out-summary", "s"]
+    args = cli.build_parser().parse_args([*base, "--spec", str(path)])
+    cli.apply_spec(args)
+    assert args.arms == arms and args.sampling == {}
+    args = cli.build_parser().parse_args([*base, "--spec", str(path), "--arms", "[]"])
+    cli.apply_spec(args)
+    assert args.arms == []
+    for bad, error in [({"arm": arms}, "field 'arm' is not an option of specdec bench-torch"),
+                       ({"arms": {}}, "field 'arms': expected a JSON list, got dict"),
+                       ([arms], "expected a JSON object")]:
+        path.write_text(json.dumps(bad))
+        args = cli.build_parser().parse_args([*base, "--spec", str(path)])
+        with pytest.raises(ValueError, match=re.escape(f"--spec {path}: ") + ".*" + re.escape(error)):
+            cli.apply_spec(args)
+    args = cli.build_parser().parse_args(base)
+    with pytest.raises(ValueError, match="--arms is required"):
+        cli.apply_spec(args)
+    # the rules pass no JSON on a command line
+    rules = "".join(f.read_text() for f in (ROOT / "workflow" / "rules").glob("*.smk"))
+    assert "json.dumps" not in rules.replace("json.dumps(spec", "") and "'{params." not in rules.replace(
+        "'{params.requirement}'", "")
     args = shlex.split(p.vllm_engine_args(plan.LOSSLESS_JOB))
     assert args[args.index("--dtype") + 1] == "float32" and "--aa-control" not in args
-    assert "--role" in args
+    assert "--role" in args and "--modes" not in args
     assert "--async-scheduling" not in args   # absent from the config: vLLM's choice per engine
     off = plan.load(CONFIG, {"vllm": {"async_scheduling": False}}, host_class="bfloat16")
     assert "--async-scheduling off" in off.vllm_engine_args("chat_heldout")
-    assert json.loads(args[args.index("--modes") + 1]) == {"serial": {"max_num_seqs": 1, "warmup_prompts": 1}}
 
 
 def test_checkpoint_inputs_follow_the_config():

@@ -20,8 +20,10 @@ from dag import (
     dry_run_jobs,
     edit,
     job_counts,
+    job_specs,
     smk,
     smoke_row_count,
+    spec_of,
 )
 from specdec.methods import PEERS
 
@@ -65,19 +67,25 @@ def test_sweeps_merge_into_the_default_and_every_row_is_paired(tmp_path):
     """The opt-in sweeps config adds its variants' rows and checkpoints to the default's; no job
     times a baseline alone (every speedup comes from a method's own job)."""
     wd = copy_workflow(tmp_path)
+    sweeps = ("--configfile", "config.yaml", "workflow/configs/sweeps.yaml")
+
+    def arms(specs):
+        return {f"{a['method']}/{a['variant']}": a for spec in specs.values() for a in spec.get("arms", [])}
+
+    # each dry run writes its jobs' specs; the sweeps' rewrite those of the default's jobs they change
     default = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
-    both = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml",
-               "--", "results/tables.md").stdout
+    default_arms = arms(job_specs(wd, default))
+    both = smk(wd, "-n", "-p", "--cores", "1", *sweeps, "--", "results/tables.md").stdout
+    both_arms = arms(job_specs(wd, both))
     for arm in ("pard/len2", "pard/len6", "medusa/len4_top5_nodes31", "mtp/steps2", "eagle3/ttt6_tree10",
                 "hf_prompt_lookup/k5", "hf_assisted/len3"):
-        method, variant = arm.split("/")
-        assert f'"method": "{method}", "variant": "{variant}"' in both, arm
-        assert f'"method": "{method}", "variant": "{variant}"' not in default, arm
+        assert arm in both_arms and arm not in default_arms, arm
     assert "checkpoints/eagle3/ttt6/manifest.json" in both and "checkpoints/eagle3/ttt6/" not in default
     # the HF peers run in the job of the arm of ours they are compared with
-    assert '"compare_with": "ngram/k5"' in both and '"compare_with": "draft_model/len3"' in both
+    assert {"ngram/k5", "draft_model/len3"} <= {a.get("compare_with") for a in both_arms.values()}
     assert "results/torch/auto/chat_heldout.summary.json" in default
-    assert '"method": "baseline"' not in default + both and "baseline.summary.json" not in default + both
+    assert not any(arm.startswith("baseline/") for arm in default_arms | both_arms)
+    assert "baseline.summary.json" not in default + both
 
 
 def test_the_default_runs_the_null_drafter_and_a_a_arms(tmp_path):
@@ -86,29 +94,33 @@ def test_the_default_runs_the_null_drafter_and_a_a_arms(tmp_path):
     and wiki PyTorch jobs, and the null drafter inside vLLM on both sets, beside the methods' rows."""
     wd = copy_workflow(tmp_path)
     out = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
+    specs = job_specs(wd, out)
 
     def bench_torch(dataset):
         return next(line for line in out.splitlines()
                     if "specdec bench-torch" in line and f"--dataset {dataset} " in line)
 
+    def arms(command):
+        return {(a["method"], a["variant"]) for a in spec_of(command, specs)["arms"]}
+
     for dataset in ("chat_heldout", "wiki"):
         job = bench_torch(dataset)
-        assert '"method": "null_drafter", "variant": "k1"' in job
-        assert ('"method": "null_drafter", "variant": "k5"' in job) == (dataset == "chat_heldout")
-        assert "--aa-control" in job and '"method": "ngram", "variant": "k5"' in job
+        assert ("null_drafter", "k1") in arms(job)
+        assert (("null_drafter", "k5") in arms(job)) == (dataset == "chat_heldout")
+        assert "--aa-control" in job and ("ngram", "k5") in arms(job)
     overlap = bench_torch("chat_overlap")
-    assert "--aa-control" not in overlap and '"method": "null_drafter"' not in overlap
+    assert "--aa-control" not in overlap and "null_drafter" not in {m for m, _ in arms(overlap)}
     # the held-out job times its tuned variants, chosen by a tuning job that drafts no control
     assert "--tuned results/tuning/auto/chat_heldout.json" in bench_torch("chat_heldout")
     assert "--tuned" not in bench_torch("wiki") + overlap
     tune = next(line for line in out.splitlines() if "specdec tune-torch" in line)
     # after the 32 held-out prompts the benchmarks read (16 where the host class halves them)
-    assert "--dataset chat_heldout " in tune and "null_drafter" not in tune
+    assert "--dataset chat_heldout " in tune and "null_drafter" not in {m for m, _ in arms(tune)}
     assert re.search(r"--skip 32 --limit 6 |--skip 16 --limit 4 ", tune)
     for prompts, variant in (("chat_heldout", "k5"), ("wiki", "k1")):
         vllm = out.split(f"results/vllm/{prompts}.jsonl")[1]
-        arms = json.loads(re.search(r"--arms '(\[.*?\])'", vllm).group(1))
-        nulls = [(a["method"], a["variant"], a["proposer"]) for a in arms if a["method"] == "null_drafter"]
+        nulls = [(a["method"], a["variant"], a["proposer"]) for a in spec_of(vllm, specs)["arms"]
+                 if a["method"] == "null_drafter"]
         assert nulls == [("null_drafter", variant, "specdec")]
 
 
@@ -118,17 +130,18 @@ def test_vllm_jobs_hold_a_prompt_set_or_one_arm(tmp_path):
     wd = copy_workflow(tmp_path)
     jobs = re.compile(r"output: results/vllm/(\S+?)\.jsonl")
     default = smk(wd, "-n", "-p", "--cores", "1", "results/tables.md").stdout
+    specs = job_specs(wd, default)
     assert sorted(jobs.findall(default)) == ["chat_heldout", "float32-lossless", "wiki"]
     # vllm.lossless: every arm of the held-out set again, float32, serial, no A/A engine
     lossless = default.split("results/vllm/float32-lossless.jsonl")[1].split("rule ")[0]
-    check = re.search(r"--arms '(\[.*?\])' --rows '(\[.*?\])' --modes '(\{.*?\})' --dtype (\S+)", lossless)
-    assert check.group(4) == "float32" and list(json.loads(check.group(3))) == ["serial"]
-    assert "--in-process" in check.group(0) + lossless and "--aa-control" not in lossless
-    assert [(r["mode"], r["dataset"], r["limit"], r["max_new_tokens"]) for r in json.loads(check.group(2))] == [
+    check = spec_of(lossless, specs)
+    assert re.search(r"--dtype (\S+)", lossless).group(1) == "float32" and list(check["modes"]) == ["serial"]
+    assert "--in-process" in lossless and "--aa-control" not in lossless
+    assert [(r["mode"], r["dataset"], r["limit"], r["max_new_tokens"]) for r in check["rows"]] == [
         ("serial", "chat_heldout", 4, 32)]
-    assert len(json.loads(check.group(1))) == 8
-    chat = re.search(r"--arms '(\[.*?\])' --rows '(\[.*?\])'", default.split("results/vllm/chat_heldout.jsonl")[1])
-    arms, rows = json.loads(chat.group(1)), json.loads(chat.group(2))
+    assert len(check["arms"]) == 8
+    chat = spec_of(default.split("results/vllm/chat_heldout.jsonl")[1], specs)
+    arms, rows = chat["arms"], chat["rows"]
     assert [a["method"] for a in arms] == ["ngram", "suffix", "medusa", "mtp", "draft_model", "pard", "eagle3",
                                            "null_drafter"]
     assert all(a["datasets"] == ["chat_heldout", "chat_heldout_t07"] and a["proposer"] == "vllm" for a in arms[:-1])
@@ -155,10 +168,12 @@ def test_the_ablation_undoes_each_change_in_order(tmp_path):
     configured checkpoint. The decoding job runs each checkpoint once."""
     wd = copy_workflow(tmp_path)
     # the config as written (a float32-class host's sizing halves the training steps)
-    out = smk(wd, "-n", "-p", "--cores", "1", "--config", "sizing={host: bfloat16}", "--", "docs/ablation.md").stdout
-    train = re.compile(r"specdec train --method (\w+) --hidden (\S+) .*?--settings '(\{.*?\})' "
+    sized = ("--config", "sizing={host: bfloat16}")
+    out = smk(wd, "-n", "-p", "--cores", "1", *sized, "--", "docs/ablation.md").stdout
+    specs = job_specs(wd, out)
+    train = re.compile(r"specdec train --method (\w+) --hidden (\S+) .*?--spec (\S+) "
                        r".*?--out-dir checkpoints/\w+/(\S+)")
-    trains = {m.group(4): (m.group(1), m.group(2), json.loads(m.group(3))) for m in train.finditer(out)}
+    trains = {m.group(4): (m.group(1), m.group(2), specs[m.group(3)]["settings"]) for m in train.finditer(out)}
     assert sorted(trains) == ["heads4", "heads4_ablation0", "heads4_ablation1", "heads4_ablation2",
                               "heads4_ablation3", "ttt5", "ttt5_ablation0", "ttt5_ablation2", "ttt5_ablation3",
                               "ttt5_ablation4"]
@@ -178,14 +193,13 @@ def test_the_ablation_undoes_each_change_in_order(tmp_path):
     passes = trains["ttt5_ablation4"][2]
     assert passes["eagle3"]["ttt_steps"] == 3 and passes["train"]["steps"] == 500
     assert trains["ttt5"][2]["eagle3"]["ttt_steps"] == 5
-    rows = json.loads(re.search(r"specdec ablation --rows '(\[.*?\])'", out).group(1))
+    rows = spec_of(out.split("specdec ablation ")[1], specs)["rows"]
     assert [(r["change"], r["checkpoint"]) for r in rows if r["method"] == "eagle3"] == [
         ("baseline", "ttt5_ablation0"), ("feature fix", "ttt5_ablation0"), ("on-policy data", "ttt5_ablation2"),
         ("soft labels", "ttt5_ablation3"), ("more passes", "ttt5_ablation4"), ("TTT depth", "ttt5")]
     assert [r["checkpoint"] for r in rows if r["method"] == "medusa"][-2:] == ["heads4", "heads4"]
     job = out.split("results/ablation/auto/chat_heldout.jsonl")[1]
-    arms = json.loads(re.search(r"--arms '(\[.*?\])'", job).group(1))
-    assert sorted(a["variant"] for a in arms) == sorted(trains)
+    assert sorted(a["variant"] for a in spec_of(job, specs)["arms"]) == sorted(trains)
 
 
 def test_a_variant_that_runs_in_no_job_is_a_config_error(tmp_path):
@@ -206,18 +220,22 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     written. The report's tables say which."""
     wd = copy_workflow(tmp_path)
 
-    def plan(cls):
-        return smk(wd, "-n", "-p", "--cores", "1", "--config", f"sizing={{host: {cls}}}", "--",
-                   "results/tables.md").stdout
+    def plan(*args):
+        """A dry run's output, and EAGLE-3's training steps in the specs it wrote."""
+        out = smk(wd, "-n", "-p", "--cores", "1", *args, "--", "results/tables.md").stdout
+        specs = job_specs(wd, out)
+        eagle3 = out.split("output: checkpoints/eagle3/ttt5/manifest.json", 1)[1].split("rule ", 1)[0]
+        return out, specs, spec_of(eagle3, specs)["settings"]["train"]["steps"]
 
     def heldout_limit(out):
         job = out.split("output: results/torch/auto/chat_heldout.jsonl", 1)[1].split("rule ", 1)[0]
         return int(re.search(r"--limit (\d+)", job).group(1))
 
-    bf16, fp32 = plan("bfloat16"), plan("float32")
+    (bf16, _, bf16_steps), (fp32, _, fp32_steps) = (plan("--config", f"sizing={{host: {cls}}}")
+                                                    for cls in ("bfloat16", "float32"))
     assert "--train-prompts 2000" in bf16 and "--train-prompts 1000" in fp32
     assert heldout_limit(bf16) == 32 and heldout_limit(fp32) == 16
-    assert '"steps": 500' in bf16 and '"steps": 250' in fp32 and '"steps": 500' not in fp32   # EAGLE-3's
+    assert (bf16_steps, fp32_steps) == (500, 250)   # EAGLE-3's
     assert "--sizing 'the config as written (host class bfloat16" in bf16
     assert "--sizing 'host class float32: config sizing.float32 replaces" in fp32
     jobs = re.compile(r"output: results/torch/(\S+?)\.jsonl")
@@ -227,17 +245,17 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     # where auto is float32, a set timed in both dtypes (the sweeps' train-overlap set) runs one
     # job: its float32 arms (the lossless checks, hf_generate's, EAGLE-3's chain) join its auto
     # job, which stops where auto is not float32
-    sweeps = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "workflow/configs/sweeps.yaml",
-                 "--config", "sizing={host: float32}", "--", "results/tables.md").stdout
+    sweeps, specs, _ = plan("--configfile", "config.yaml", "workflow/configs/sweeps.yaml",
+                            "--config", "sizing={host: float32}")
     assert "float32/chat_overlap" not in jobs.findall(sweeps) and "auto/chat_overlap" in jobs.findall(sweeps)
     overlap = sweeps.split("output: results/torch/auto/chat_overlap.jsonl", 1)[1].split("rule ", 1)[0]
-    assert '"variant": "ttt5_chain2"' in overlap and '"method": "hf_generate"' in overlap
+    arms = {(a["method"], a["variant"]) for a in spec_of(overlap, specs)["arms"]}
+    assert ("eagle3", "ttt5_chain2") in arms and "hf_generate" in {m for m, _ in arms}
     assert sweeps.count("--require-dtype float32") == overlap.count("--require-dtype float32") == 1
     # what is layered on the config file (a later --configfile, --config) beats the sizing
     (wd / "more.yaml").write_text("data: {chat: {train_prompts: 1500}}\n")
-    layered = smk(wd, "-n", "-p", "--cores", "1", "--configfile", "config.yaml", "more.yaml",
-                  "--config", "sizing={host: float32}", "--", "results/tables.md").stdout
-    assert "--train-prompts 1500" in layered and '"steps": 250' in layered
+    layered, _, layered_steps = plan("--configfile", "config.yaml", "more.yaml", "--config", "sizing={host: float32}")
+    assert "--train-prompts 1500" in layered and layered_steps == 250
     replaced = re.compile(r"sizing.float32 replaces (\d+) of its values")
     assert int(replaced.search(layered).group(1)) == int(replaced.search(fp32).group(1)) - 1
 
@@ -686,4 +704,7 @@ def test_editing_one_method_reruns_only_its_jobs(smoke_run):
     # an edit of the shared core reruns every benchmark, but not the data sets or the target
     edit(wd / "src" / "specdec" / "core" / "verify.py")
     counts = job_counts(smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout)
+    shutil.copy2(REPO / "src" / "specdec" / "core" / "verify.py", wd / "src" / "specdec" / "core" / "verify.py")
     assert counts["bench_torch"] == 5 and "chat_set" not in counts and "target_model" not in counts
+    # the smoke directory is shared with later tests (test_slurm.py among them): left as it was
+    assert "Nothing to be done" in smk(wd, "-n", "results/tables.md", "--cores", "1", *SMOKE).stdout

@@ -23,6 +23,49 @@ def _json_list(text: str) -> list:
     return _json(text, list)
 
 
+def _structured(s: argparse.ArgumentParser, name: str, kind: type, help: str, required: bool = True,
+                default=None) -> None:
+    """A structured option (a JSON object or list): given as JSON on the command line, or as the
+    field `name` of the job's --spec file (the planner writes one per job: specdec.plan.job_spec).
+    The command line wins over the spec."""
+    if not s.get_default("spec_fields"):
+        s.add_argument("--spec", help="a JSON object whose fields are this verb's structured options "
+                       "(the DAG's jobs read theirs from the spec the planner writes)")
+        s.set_defaults(spec_fields={})
+    s.get_default("spec_fields")[name] = (kind, required, default)
+    s.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_json_list if kind is list else _json,
+                   help=f"JSON; or the field {name!r} of --spec. {help}")
+
+
+def apply_spec(args: argparse.Namespace) -> None:
+    """Fill the structured options not on the command line from --spec, then check each required
+    one is set; errors name the file and the field."""
+    fields = getattr(args, "spec_fields", None) or {}
+    spec = {}
+    if getattr(args, "spec", None):
+        try:
+            spec = json.loads(Path(args.spec).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"--spec {args.spec}: {e}") from None
+        if not isinstance(spec, dict):
+            raise ValueError(f"--spec {args.spec}: expected a JSON object of {sorted(fields)}")
+    for key, value in spec.items():
+        if key not in fields:
+            raise ValueError(f"--spec {args.spec}: field {key!r} is not an option of specdec {args.verb} "
+                             f"(its fields: {', '.join(sorted(fields))})")
+        kind = fields[key][0]
+        if not isinstance(value, kind):
+            raise ValueError(f"--spec {args.spec}: field {key!r}: expected a JSON "
+                             f"{'object' if kind is dict else 'list'}, got {type(value).__name__}")
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key, (_, required, default) in fields.items():
+        if getattr(args, key) is None:
+            if required:
+                raise ValueError(f"--{key.replace('_', '-')} is required (JSON, or the field {key!r} of --spec)")
+            setattr(args, key, default)
+
+
 def _resolve_dtype(name: str, device: str) -> str:
     """`auto` -> this host's speed dtype; the choice and its reason go to the job's log."""
     from .host import capability, dtype_record
@@ -312,8 +355,8 @@ def add_bench_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--warmup", type=int, default=1)
     s.add_argument("--dtype", default="auto", help="auto: the host's speed dtype (specdec.host)")
     s.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples of the speedup's interval")
-    s.add_argument("--sampling", type=_json, default={},
-                   help='JSON {"temperature", "top_p", "top_k", "seed"}; absent or temperature 0: greedy')
+    _structured(s, "sampling", dict, '{"temperature", "top_p", "top_k", "seed"}; absent or temperature 0: greedy',
+                required=False, default={})
 
 
 def _data_verbs(sub) -> None:
@@ -404,7 +447,8 @@ def _train_verbs(sub) -> None:
     s.add_argument("--method", required=True)
     s.add_argument("--hidden", required=True, help="the hidden-states artifact")
     s.add_argument("--target", required=True)
-    s.add_argument("--settings", type=_json, default={})
+    _structured(s, "settings", dict, "the checkpoint's config train.checkpoints.<method>.<name>",
+                required=False, default={})
     s.add_argument("--overlap", type=int, required=True, help="train records that form the train-overlap eval set")
     _device_args(s, dtype=None)
     s.add_argument("--out-dir", required=True)
@@ -420,9 +464,8 @@ def _bench_verbs(sub) -> None:
     s = sub.add_parser("bench-torch", help="the methods of one data set against one baseline, PyTorch loop")
     add_bench_args(s)
     _device_args(s, dtype=None)
-    s.add_argument("--arms", type=_json_list, required=True,
-                   help='JSON list of the methods timed: {"method", "variant", "params", "compare_with"}'
-                        ' (compare_with: a Hugging Face peer\'s arm of ours, "method/variant", in this job)')
+    _structured(s, "arms", list, 'The methods timed: {"method", "variant", "params", "compare_with"}'
+                ' (compare_with: a peer\'s arm of ours, "method/variant", in this job)')
     s.add_argument("--require-dtype", help="stop unless --dtype resolves to this on this host (a job "
                    "planned to run arms of that dtype in its auto job)")
     s.add_argument("--aa-control", action="store_true",
@@ -437,8 +480,7 @@ def _bench_verbs(sub) -> None:
                        "from its costs (backends/tuning.py)")
     add_bench_args(s)
     _device_args(s, dtype=None)
-    s.add_argument("--arms", type=_json_list, required=True,
-                   help="JSON list of the benchmark job's arms; those whose method declares a tuning_grid are tuned")
+    _structured(s, "arms", list, "The benchmark job's arms; those whose method declares a tuning_grid are tuned")
     s.add_argument("--skip", type=int, required=True,
                    help="the tuning split starts after this many records of --prompts (those the benchmarks read)")
     s.add_argument("--cost-curve", required=True, help="the host's cost curve (cost-curve --out)")
@@ -450,9 +492,8 @@ def _bench_verbs(sub) -> None:
     s = sub.add_parser("cost-curve", help="the host's cost curve: a verification step of 1 to 16 nodes, "
                        "chain and tree, at each benchmark set's context, per dtype")
     s.add_argument("--target", required=True)
-    s.add_argument("--sets", type=_json, required=True,
-                   help='JSON {set: {"prompts": path, "limit": n or null, "max_new_tokens": n}}: the '
-                        "benchmark settings whose average context the curve is timed at")
+    _structured(s, "sets", dict, '{set: {"prompts": path, "limit": n or null, "max_new_tokens": n}}: the '
+                "benchmark settings whose average context the curve is timed at")
     s.add_argument("--dtypes", nargs="+", required=True, help="auto is this host's speed dtype")
     s.add_argument("--repeats", type=int, default=10, help="timings per cell (the median is kept)")
     s.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
@@ -461,8 +502,7 @@ def _bench_verbs(sub) -> None:
     s.set_defaults(func=cmd_cost_curve)
 
     s = sub.add_parser("ablation", help="docs/ablation.md: each change to the drafters' training, its accuracy and tau")
-    s.add_argument("--rows", type=_json_list, required=True,
-                   help='JSON list of rows in order: {"change", "method", "arm": {"method", "variant", "params"}}')
+    _structured(s, "rows", list, 'The rows in order: {"change", "method", "arm": {"method", "variant", "params"}}')
     s.add_argument("--summary", required=True, help="the bench-torch summary that decoded every row's arm")
     s.add_argument("--out-table", required=True)
     s.add_argument("--out-plot", required=True)
@@ -470,13 +510,10 @@ def _bench_verbs(sub) -> None:
 
     s = sub.add_parser("bench-vllm", help="every vLLM row of one prompt set: a baseline engine and one engine per arm")
     s.add_argument("--target", required=True)
-    s.add_argument("--arms", type=_json_list, required=True,
-                   help='JSON list of arms: {"method", "variant", "params", "proposer" (vllm: vLLM\'s implementation; '
-                        'specdec: ours inside vLLM), "export" (its vLLM export directory, if any), "datasets"}')
-    s.add_argument("--rows", type=_json_list, required=True,
-                   help='JSON list of rows: {"mode", "dataset", "prompts", "limit", "max_new_tokens", "sampling"}')
-    s.add_argument("--modes", type=_json, required=True,
-                   help='JSON mode -> {"max_num_seqs", "warmup_prompts", "rounds"} (config vllm.modes)')
+    _structured(s, "arms", list, 'The arms: {"method", "variant", "params", "proposer" (vllm: vLLM\'s '
+                'implementation; specdec: ours inside vLLM), "export" (its vLLM export directory, if any), "datasets"}')
+    _structured(s, "rows", list, 'The rows: {"mode", "dataset", "prompts", "limit", "max_new_tokens", "sampling"}')
+    _structured(s, "modes", dict, 'Mode -> {"max_num_seqs", "warmup_prompts", "rounds"} (config vllm.modes)')
     s.add_argument("--dtype", default="auto", help="auto: the host's speed dtype (specdec.host)")
     s.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples of the speedup's interval")
     s.add_argument("--gpu-memory-utilization", type=float, required=True)
@@ -588,6 +625,7 @@ def main(argv=None) -> int:
         from .backends.vllm_cpu import preload_intel_openmp
         preload_intel_openmp(argv)
     try:
+        apply_spec(args)
         args.func(args)
     except (ValueError, RuntimeError, OSError) as e:
         # one line naming the problem; the traceback with SPECDEC_TRACEBACK=1

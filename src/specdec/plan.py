@@ -18,9 +18,9 @@ merge): the rules call it through thin accessors in `workflow/rules/common.smk`,
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
-import shlex
 from pathlib import Path
 
 import yaml
@@ -45,9 +45,23 @@ ABLATION_HIDDEN = "data/ablation/hidden_reference.safetensors"  # the rows train
 LOSSLESS_JOB = "float32-lossless"
 
 
-def shell_json(value) -> str:
-    """A planned value (arms, rows, settings) as one shell word: JSON, quoted for the shell."""
-    return shlex.quote(json.dumps(value))
+def spec_file(rule: str, key: str, spec: dict, root: str | Path = ".") -> str:
+    """A job's spec file, named by its content: `results/specs/<rule>/<key>.<digest>.json` (key: the
+    job's wildcards joined by "/"; a rule without wildcards: the rule's name), relative to `root`.
+    Snakemake calls this as it builds the DAG (workflow/rules/common.smk: job_spec) and the job
+    reads the file with `--spec`, so no JSON crosses a shell. A file is written once, where missing,
+    and never rewritten: an unchanged spec leaves the job's input as it was; a changed one hands the
+    job a new file, newer than its outputs, so the job is stale; and a dry run of another config
+    writes its own files beside these, without touching them."""
+    text = json.dumps(spec, indent=1) + "\n"
+    name = f"{key or rule}.{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    path = Path(root) / "results" / "specs" / rule / name
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(path)   # atomic: a job reading it never sees half a file
+    return str(path)
 
 
 class ConfigError(ValueError):
@@ -352,7 +366,7 @@ class Plan:
                 for dataset in self.config["bench"]["datasets"] if self.torch_arms(dtype, dataset)]
 
     def torch_job_arms(self, dtype: str, dataset: str) -> list[dict]:
-        """--arms of a PyTorch job: each method variant with its resolved parameters, and for a
+        """The arms of a PyTorch job: each method variant with its resolved parameters, and for a
         Hugging Face peer the arm of ours it is also compared with (compare_with), which runs in
         the same job."""
         arms = self.torch_arms(dtype, dataset)
@@ -426,7 +440,7 @@ class Plan:
                 for p in self.torch_job_tuning(dtype, dataset)]
 
     def cost_curve_sets(self) -> dict:
-        """--sets of the cost curve: each data set with a PyTorch job, at the settings of its first
+        """The sets of the cost curve: each data set with a PyTorch job, at the settings of its first
         such job (prompts, max_new_tokens: the context a decode of that job averages)."""
         sets = {}
         for dtype in self.config["bench"]["dtypes"]:
@@ -553,7 +567,7 @@ class Plan:
         return sorted({f for (_, m, _), _ in self.vllm_jobs[job] for f in self.method_sources(m)})
 
     def vllm_job_arms(self, job: str) -> list[dict]:
-        """--arms of a vLLM job: each method variant with its resolved parameters, whose proposer
+        """The arms of a vLLM job: each method variant with its resolved parameters, whose proposer
         drafts, its export and the data sets it runs on."""
         return [{"method": m, "variant": v, "params": self.resolved_params(m, v),
                  "proposer": "specdec" if engine == "vllm_specdec" else "vllm",
@@ -574,7 +588,7 @@ class Plan:
     def vllm_engine_args(self, job: str) -> str:
         """The job's engine settings (vllm_engine) as bench-vllm flags."""
         v = self.vllm_engine(job)
-        return (f"--modes {shell_json(v['modes'])} --dtype {v['dtype']}"
+        return (f"--dtype {v['dtype']}"
                 f" --gpu-memory-utilization {v['gpu_memory_utilization']} --max-model-len {v['max_model_len']}"
                 + (f" --kv-cache-memory-bytes {v['kv_cache_memory_bytes']}" if v.get("kv_cache_memory_bytes") else "")
                 + (" --in-process" if v.get("in_process", False) else "")
@@ -653,6 +667,30 @@ class Plan:
 
         return (f"host class {self.sized_for}: config sizing.{self.sized_for} replaces "
                 f"{kept(self.sizing, self.config)} of its values ({', '.join(self.sizing)})")
+
+    # ---- job specs: the structured parameters (arms, rows, settings) a job reads from its spec file
+
+    def job_spec(self, rule: str, key: str) -> dict:
+        """The spec of one job: the values of its verb's structured options, by option name. key:
+        as in spec_file; the prompt sets' root (results/, results/rerun/) is not in it, since a
+        rerun decodes what the first run did."""
+        first, _, second = key.partition("/")
+        if rule == "bench_torch":
+            return {"arms": self.torch_job_arms(first, second), "sampling": self.sampling(second) or {}}
+        if rule == "ablation_bench":
+            return {"arms": self.ablation_arms(), "sampling": {}}
+        if rule == "tune_torch":
+            return {"arms": self.tuning_arms(first, second)}
+        if rule == "cost_curve":
+            return {"sets": self.cost_curve_sets()}
+        if rule == "ablation":
+            return {"rows": self.ablation_rows_with_arms()}
+        if rule == "train_proposer":
+            return {"settings": self.train_settings(first, second)}
+        if rule == "bench_vllm":
+            return {"arms": self.vllm_job_arms(key), "rows": self.vllm_rows(key),
+                    "modes": self.vllm_engine(key)["modes"]}
+        raise ConfigError(f"no job spec for rule {rule!r} (key {key!r})")
 
     # ---- resources per rule
 

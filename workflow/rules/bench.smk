@@ -25,13 +25,12 @@ rule bench_torch:
         checkpoints=lambda wc: PLAN.torch_job_checkpoints(wc.dtype, wc.dataset),
         tools=lambda wc: PLAN.torch_job_tools(wc.dtype, wc.dataset),
         tuning=lambda wc: PLAN.torch_job_tuning(wc.dtype, wc.dataset),
+        spec=job_spec("bench_torch", "dtype", "dataset"),
     output:
         records="{root}/torch/{dtype}/{dataset}.jsonl",
         summary="{root}/torch/{dtype}/{dataset}.summary.json",
     params:
         target=target_dir,
-        arms=lambda wc: shell_json(PLAN.torch_job_arms(wc.dtype, wc.dataset)),
-        sampling=lambda wc: f"--sampling {shell_json(PLAN.sampling(wc.dataset))}" if PLAN.sampling(wc.dataset) else "",
         merged=lambda wc: "--require-dtype float32" if PLAN.require_float32(wc.dtype, wc.dataset) else "",
         aa=lambda wc: "--aa-control" if config["bench"]["datasets"][wc.dataset].get("aa_control") else "",
         tuned=lambda wc, input: f"--tuned {input.tuning}" if input.tuning else "",
@@ -52,9 +51,9 @@ rule bench_torch:
         "benchmarks/bench_torch/{root}/{dtype}-{dataset}.tsv"
     shell:
         "python -m specdec bench-torch --target {params.target} --prompts {input.prompts} --dataset {wildcards.dataset}"
-        " --arms {params.arms} --limit {params.limit} --max-new-tokens {params.max_new}"
+        " --spec {input.spec} --limit {params.limit} --max-new-tokens {params.max_new}"
         " --warmup {params.warmup} --resamples {params.resamples} --dtype {wildcards.dtype}"
-        " --device {params.device} --threads {params.threads} {params.sampling} {params.merged} {params.aa}"
+        " --device {params.device} --threads {params.threads} {params.merged} {params.aa}"
         " {params.tuned} --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"
 
 
@@ -70,13 +69,13 @@ rule tune_torch:
         method_code=lambda wc: PLAN.torch_job_sources(wc.dtype, wc.dataset),
         checkpoints=lambda wc: PLAN.torch_job_checkpoints(wc.dtype, wc.dataset),
         cost_curve="results/costs/cost_curve.json",
+        spec=job_spec("tune_torch", "dtype", "dataset"),
     output:
         choices="results/tuning/{dtype}/{dataset}.json",
         records="results/tuning/{dtype}/{dataset}.candidates.jsonl",
         summary="results/tuning/{dtype}/{dataset}.candidates.summary.json",
     params:
         target=target_dir,
-        arms=lambda wc: shell_json(PLAN.tuning_arms(wc.dtype, wc.dataset)),
         skip=lambda wc: PLAN.tuning_skip(wc.dataset),
         limit=lambda wc: PLAN.tuning(wc.dataset)["prompts"],
         max_new=lambda wc: PLAN.tuning(wc.dataset)["max_new_tokens"],
@@ -95,7 +94,7 @@ rule tune_torch:
         "benchmarks/tune_torch/{dtype}-{dataset}.tsv"
     shell:
         "python -m specdec tune-torch --target {params.target} --prompts {input.prompts} --dataset {wildcards.dataset}"
-        " --arms {params.arms} --skip {params.skip} --limit {params.limit} --max-new-tokens {params.max_new}"
+        " --spec {input.spec} --skip {params.skip} --limit {params.limit} --max-new-tokens {params.max_new}"
         " --warmup {params.warmup} --resamples {params.resamples} --dtype {wildcards.dtype}"
         " --device {params.device} --threads {params.threads} --cost-curve {input.cost_curve}"
         " --out {output.choices} --out-records {output.records} --out-summary {output.summary} 2>&1 | tee {log}"
@@ -109,11 +108,11 @@ rule cost_curve:
         target=TARGET,
         prompts=sorted({s["prompts"] for s in PLAN.cost_curve_sets().values()}),
         code=code("cost-curve"),
+        spec=job_spec("cost_curve"),
     output:
         "results/costs/cost_curve.json",
     params:
         target=target_dir,
-        sets=shell_json(PLAN.cost_curve_sets()),
         # the configured dtypes and every benchmark dtype, so that no PyTorch row goes unchecked
         dtypes=" ".join(dict.fromkeys(config["bench"]["cost_curve"]["dtypes"] + config["bench"]["dtypes"])),
         repeats=config["bench"]["cost_curve"]["repeats"],
@@ -130,6 +129,6 @@ rule cost_curve:
     benchmark:
         "benchmarks/cost_curve/cost_curve.tsv"
     shell:
-        "python -m specdec cost-curve --target {params.target} --sets {params.sets} --dtypes {params.dtypes}"
+        "python -m specdec cost-curve --target {params.target} --spec {input.spec} --dtypes {params.dtypes}"
         " --repeats {params.repeats} --warmup {params.warmup} --device {params.device} --threads {params.threads}"
         " --out {output} 2>&1 | tee {log}"

@@ -8,7 +8,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from specdec import deps  # noqa: E402  (src/ is on sys.path: the Snakefile)
-from specdec.plan import ABLATION_HIDDEN, DATASET_FILES, HIDDEN, Plan, shell_json  # noqa: E402
+from specdec.plan import ABLATION_HIDDEN, DATASET_FILES, HIDDEN, Plan, spec_file  # noqa: E402
 
 # the plan of the merged config; it adds the learning curve's and the ablation's checkpoints to
 # config["train"]["checkpoints"], and raises on a config that plans no valid DAG
@@ -47,6 +47,16 @@ def rule_threads(rule):
 
 
 rule_resources = PLAN.rule_resources
+
+
+def job_spec(rule, *wildcard_names):
+    """An input function: the spec file of a job (specdec.plan.spec_file, keyed by the named
+    wildcards and named by its content), written from the plan as the DAG is built. No job writes
+    it: a spec costs no Snakemake job."""
+    def spec(wc):
+        key = "/".join(wc[name] for name in wildcard_names)
+        return spec_file(rule, key, PLAN.job_spec(rule, key))
+    return spec
 
 
 def target_dir(wildcards, input):

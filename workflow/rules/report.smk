@@ -86,12 +86,11 @@ use rule bench_torch as ablation_bench with:
         code=code("bench-torch"),
         method_code=lambda wc: PLAN.ablation_sources(),
         checkpoints=lambda wc: PLAN.ablation_checkpoints(),
+        spec=job_spec("ablation_bench", "dtype", "dataset"),
     output:
         records="results/ablation/{dtype}/{dataset}.jsonl",
         summary="results/ablation/{dtype}/{dataset}.summary.json",
     params:   # merged into bench_torch's params by keyword
-        arms=lambda wc: shell_json(PLAN.ablation_arms()),
-        sampling="",
         merged="",
         aa="",
         tuned="",
@@ -108,11 +107,10 @@ rule ablation:
         summary="results/ablation/auto/chat_heldout.summary.json",
         checkpoints=lambda wc: PLAN.ablation_checkpoints(),
         code=code("ablation"),
+        spec=job_spec("ablation"),
     output:
         table="docs/ablation.md",
         plot="docs/ablation.png",
-    params:
-        rows=lambda wc: shell_json(PLAN.ablation_rows_with_arms()),
     threads: rule_threads("report")
     resources:
         **rule_resources("report"),
@@ -123,7 +121,7 @@ rule ablation:
     benchmark:
         "benchmarks/ablation/ablation.tsv"
     shell:
-        "python -m specdec ablation --rows {params.rows} --summary {input.summary}"
+        "python -m specdec ablation --spec {input.spec} --summary {input.summary}"
         " --out-table {output.table} --out-plot {output.plot} > {log} 2>&1"
 
 

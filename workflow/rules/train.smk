@@ -61,13 +61,13 @@ rule train_proposer:
         code=code("train"),
         method_code=lambda wc: PLAN.method_sources(wc.method),
         init=lambda wc: PLAN.init_checkpoint(wc.method, wc.name),
+        spec=job_spec("train_proposer", "method", "name"),
     output:
         # config.json and model.safetensors are written first; resume.pt (not an output) survives
         # an interrupted run, and the rerun continues from it
         "checkpoints/{method}/{name}/manifest.json",
     params:
         target=target_dir,
-        settings=lambda wc: shell_json(PLAN.train_settings(wc.method, wc.name)),
         overlap=config["data"]["chat"]["eval_overlap_prompts"],
         device=config["device"],
         threads=config["threads"],
@@ -82,5 +82,5 @@ rule train_proposer:
         "benchmarks/train_proposer/{method}-{name}.tsv",
     shell:
         "python -m specdec train --method {wildcards.method} --hidden {input.hidden} --target {params.target}"
-        " --settings {params.settings} --overlap {params.overlap} --device {params.device} --threads {params.threads}"
+        " --spec {input.spec} --overlap {params.overlap} --device {params.device} --threads {params.threads}"
         " --out-dir checkpoints/{wildcards.method}/{wildcards.name} 2>&1 | tee {log}"

@@ -43,13 +43,12 @@ rule bench_vllm:
         code=code("bench-vllm"),
         method_code=lambda wc: PLAN.vllm_job_sources(wc.job),  # their vLLM mappings
         exports=lambda wc: PLAN.vllm_job_exports(wc.job),
+        spec=job_spec("bench_vllm", "job"),
     output:
         records="{root}/vllm/{job}.jsonl",
         summary="{root}/vllm/{job}.summary.json",
     params:
         target=target_dir,
-        arms=lambda wc: shell_json(PLAN.vllm_job_arms(wc.job)),
-        rows=lambda wc: shell_json(PLAN.vllm_rows(wc.job)),
         engine=lambda wc: PLAN.vllm_engine_args(wc.job),
         resamples=config["bench"].get("bootstrap_resamples", 10000),
     threads: rule_threads("bench_vllm")
@@ -62,6 +61,6 @@ rule bench_vllm:
     benchmark:
         "benchmarks/bench_vllm/{root}/{job}.tsv"
     shell:
-        "python -m specdec bench-vllm --target {params.target} --arms {params.arms} --rows {params.rows}"
+        "python -m specdec bench-vllm --target {params.target} --spec {input.spec}"
         " {params.engine} --resamples {params.resamples}"
         " --out-records {output.records} --out-summary {output.summary} > {log} 2>&1"
