@@ -351,7 +351,7 @@ def render_tables(frame: pd.DataFrame, sizing: str | None = None) -> str:
         lines += ["## Headline: chat held-out, PyTorch loop, speed dtype", "", head, ""]
     peers = peer_lines(frame)
     if peers:
-        lines += ["## Peers (other engines), timed in the same process", ""] + peers + [""]
+        lines += ["## Peers (other engines), timed in the same job", ""] + peers + [""]
     lines += tuned_lines(frame)
     for ds in dataset_order(frame):
         rows = frame[frame["dataset"] == ds]
