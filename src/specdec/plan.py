@@ -28,6 +28,7 @@ from snakemake.utils import update_config
 
 from . import deps, host
 from . import methods as registry
+from .data.records import write_text
 
 # the prompt sets the data stage writes; a benchmark set reads one (bench.datasets.X.prompts_from)
 DATASET_FILES = {
@@ -57,10 +58,7 @@ def spec_file(rule: str, key: str, spec: dict, root: str | Path = ".") -> str:
     name = f"{key or rule}.{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
     path = Path(root) / "results" / "specs" / rule / name
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(text)
-        tmp.replace(path)   # atomic: a job reading it never sees half a file
+        write_text(path, text)   # atomic: a job reading it never sees half a file
     return str(path)
 
 
