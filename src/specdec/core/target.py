@@ -75,10 +75,20 @@ class PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
 
 
+def _prepack(weight: torch.Tensor) -> torch.Tensor:
+    # a bf16 weight reordered into oneDNN's blocked layout once, for the batch-size hint of a
+    # decode step (one row)
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+
+def _onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # the same oneDNN bf16 matmul F.linear runs, on a weight _prepack reordered once instead of on
+    # every call
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 def _packed_linear(self, x: torch.Tensor) -> torch.Tensor:
-    # the same oneDNN bf16 matmul F.linear runs, on a weight reordered into oneDNN's blocked
-    # layout once, at packing, instead of on every call
-    return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+    return _onednn_linear(x, self.packed_weight, self.bias)
 
 
 def onednn_bf16() -> bool:
@@ -103,7 +113,7 @@ class FusedSiblings:
         self.bias = torch.cat([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
         self.sizes = [m.out_features for m in linears]
         if packed:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+            self.weight = _prepack(weight)
         else:
             # the siblings' weights become views of the stacked one: the model holds each weight once
             self.weight, start = weight, 0
@@ -115,10 +125,7 @@ class FusedSiblings:
         self.outputs: tuple[torch.Tensor, ...] = ()
 
     def run(self, x: torch.Tensor) -> None:
-        if self.packed:
-            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        else:
-            y = F.linear(x, self.weight, self.bias)
+        y = (_onednn_linear if self.packed else F.linear)(x, self.weight, self.bias)
         self.input, self.outputs = x, y.split(self.sizes, dim=-1)      # (..., out_i) views
 
 
@@ -136,10 +143,9 @@ def _sibling_forward(self, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _fuse_siblings(model, packed: bool) -> int:
+def _fuse_siblings(model, packed: bool) -> None:
     """Fuse every SIBLINGS group of plain nn.Linear children with one input size and all or no
-    biases; returns the number of groups fused."""
-    fused = 0
+    biases."""
     for parent in list(model.modules()):
         for names in SIBLINGS:
             linears = [getattr(parent, n, None) for n in names]
@@ -151,8 +157,6 @@ def _fuse_siblings(model, packed: bool) -> int:
             for i, m in enumerate(linears):
                 m.fused_siblings, m.sibling_index = group, i
                 m.forward = _sibling_forward.__get__(m)
-            fused += 1
-    return fused
 
 
 def pack_linears(model) -> str:
@@ -176,8 +180,7 @@ def pack_linears(model) -> str:
     if packed:
         for m in linears:
             if not hasattr(m, "packed_weight") and not hasattr(m, "fused_siblings"):
-                # the batch-size hint: one row, a decode step
-                m.packed_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1)
+                m.packed_weight = _prepack(m.weight)
                 m.forward = _packed_linear.__get__(m)
     return linear_route(model)
 
