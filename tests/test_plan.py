@@ -194,9 +194,13 @@ def test_jobs_read_their_structured_parameters_from_a_spec_file(tmp_path):
     args = shlex.split(p.vllm_engine_args(plan.LOSSLESS_JOB))
     assert args[args.index("--dtype") + 1] == "float32" and "--aa-control" not in args
     assert "--role" in args and "--modes" not in args
-    assert "--async-scheduling" not in args   # absent from the config: vLLM's choice per engine
-    off = plan.load(CONFIG, {"vllm": {"async_scheduling": False}}, host_class="bfloat16")
-    assert "--async-scheduling off" in off.vllm_engine_args("chat_heldout")
+    assert args[args.index("--async-scheduling") + 1] == "off"   # the default config: off in every engine
+    assert args[args.index("--threads") + 1] == "0"   # in process: the engines compute on the job's threads
+    on = plan.load(CONFIG, {"vllm": {"async_scheduling": True}}, host_class="bfloat16")
+    assert "--async-scheduling on" in on.vllm_engine_args("chat_heldout")
+    default = raw_config()
+    del default["vllm"]["async_scheduling"]
+    assert "--async-scheduling" not in Plan(default, "bfloat16").vllm_engine_args("chat_heldout")
 
 
 def test_checkpoint_inputs_follow_the_config():

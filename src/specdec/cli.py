@@ -522,6 +522,8 @@ def _bench_verbs(sub) -> None:
     s.add_argument("--in-process", action="store_true",
                    help="run vLLM's engine cores and workers in this process (no child processes); "
                         "the engines' steps then interleave")
+    s.add_argument("--threads", type=int, default=0,
+                   help="with --in-process: the OpenMP threads the engines compute on (0: all cores)")
     s.add_argument("--aa-control", action="store_true",
                    help="time a second baseline engine as an arm: the A/A control row (baseline/aa)")
     s.add_argument("--async-scheduling", choices=["on", "off"],
@@ -622,7 +624,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     if args.verb in ("bench-vllm", "distill-routes"):
-        from .backends.vllm_cpu import preload_intel_openmp
+        from .backends.vllm_cpu import in_process_threads, preload_intel_openmp
+        if getattr(args, "in_process", False):
+            in_process_threads(args.threads)   # before the re-exec: OpenMP reads it at start
         preload_intel_openmp(argv)
     try:
         apply_spec(args)

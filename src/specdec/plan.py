@@ -589,7 +589,7 @@ class Plan:
         return (f"--dtype {v['dtype']}"
                 f" --gpu-memory-utilization {v['gpu_memory_utilization']} --max-model-len {v['max_model_len']}"
                 + (f" --kv-cache-memory-bytes {v['kv_cache_memory_bytes']}" if v.get("kv_cache_memory_bytes") else "")
-                + (" --in-process" if v.get("in_process", False) else "")
+                + (f" --in-process --threads {self.config['threads']}" if v.get("in_process", False) else "")
                 + (f" --async-scheduling {'on' if v['async_scheduling'] else 'off'}" if "async_scheduling" in v else "")
                 + (" --aa-control" if v.get("aa_control", False) else "")
                 + (" --role lossless" if job.startswith(LOSSLESS_JOB) else ""))

@@ -179,6 +179,9 @@ def bench_vllm(*, target_dir: str, arms: list[dict], rows: list[dict], modes: di
                 "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes,
                 "max_model_len": max_model_len, "target": str(target_dir), "seed": seed, "in_process": in_process,
                 "ld_preload": os.environ.get("LD_PRELOAD") or None, "aa_control": aa_control, "role": role,
+                # the threads its in-process engines compute on (vllm_cpu.in_process_threads)
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                "mkl_num_threads": os.environ.get("MKL_NUM_THREADS"),
                 "async_scheduling": async_scheduling or "vllm's default per engine",
                 "arms": [BASELINE] + ([AA_KEY] if aa_control else []) + [arm_key(a) for a in arms]}
 

@@ -20,10 +20,25 @@ def preload_intel_openmp(argv: list[str]) -> None:
     current = os.environ.get("LD_PRELOAD", "")
     if "libiomp" in current or not lib.is_file() or os.environ.get("SPECDEC_NO_IOMP_PRELOAD") == "1":
         return
-    # OMP_NUM_THREADS stays as Snakemake sets it (1): vLLM binds its worker to one core and keeps
-    # the other for the engine front end; two threads on the one bound core would oversubscribe it
     env = dict(os.environ, LD_PRELOAD=f"{lib}:{current}" if current else str(lib))
     os.execve(sys.executable, [sys.executable, "-m", "specdec", *argv], env)
+
+
+def in_process_threads(threads: int) -> int:
+    """The threads of engines that compute in this process (bench-vllm --in-process): n, or every
+    core this process may use when n == 0, exported as OMP_NUM_THREADS and MKL_NUM_THREADS before
+    torch, vLLM or the OpenMP runtime starts (the Intel OpenMP re-exec passes them on). Snakemake
+    exports the job's claimed cores as both, 1 with `--cores 1`, and nothing in vLLM's in-process
+    engines sets them again (our loop's jobs do, through torch.set_num_threads). With MKL on one
+    thread, vLLM's plain engine loses more speed than its speculative engines, and a null drafter,
+    whose drafts are never accepted, reads above 1.0 in the serial rows. Engines in child processes
+    (not in process) get their threads from vLLM."""
+    from ..host import available_cores
+
+    n = threads or available_cores()
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+    return n
 
 
 def _expand(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS=None):
