@@ -523,7 +523,7 @@ def _bench_verbs(sub) -> None:
                    help="run vLLM's engine cores and workers in this process (no child processes); "
                         "the engines' steps then interleave")
     s.add_argument("--threads", type=int, default=0,
-                   help="with --in-process: the OpenMP threads the engines compute on (0: all cores)")
+                   help="with --in-process: the OpenMP and MKL threads the engines compute on (0: all cores)")
     s.add_argument("--aa-control", action="store_true",
                    help="time a second baseline engine as an arm: the A/A control row (baseline/aa)")
     s.add_argument("--async-scheduling", choices=["on", "off"],

@@ -24,7 +24,7 @@ def preload_intel_openmp(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "specdec", *argv], env)
 
 
-def in_process_threads(threads: int) -> int:
+def in_process_threads(threads: int) -> None:
     """The threads of engines that compute in this process (bench-vllm --in-process): n, or every
     core this process may use when n == 0, exported as OMP_NUM_THREADS and MKL_NUM_THREADS before
     torch, vLLM or the OpenMP runtime starts (the Intel OpenMP re-exec passes them on). Snakemake
@@ -38,7 +38,6 @@ def in_process_threads(threads: int) -> int:
     n = threads or available_cores()
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(n)
-    return n
 
 
 def _expand(output_ptr, input_ptr, cu_num_tokens_ptr, replace_from, replace_to, MAX_NUM_TOKENS=None):
