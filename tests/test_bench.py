@@ -1,5 +1,6 @@
 """The torch benchmark backend end to end on a tiny random checkpoint (seconds)."""
 import json
+from collections import Counter
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -7,7 +8,7 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import VOCAB, tiny_llama
 from specdec.backends.torch_bench import bench_torch
-from specdec.core.stats import rotated
+from specdec.core.stats import balanced, rotated
 from specdec.data.records import write_jsonl
 
 
@@ -99,12 +100,20 @@ def test_the_controls_a_null_drafter_and_an_a_a_arm(tiny_ckpt, tmp_path):
     assert not aa["drafted_tokens"] and aa["speedup"] > 0 and aa["timing"] == "paired"
 
 
-def test_the_arm_order_rotates_so_each_arm_takes_each_position():
-    names = ["a", "b", "c", "baseline"]
-    orders = [rotated(names, i) for i in range(8)]
-    assert orders[0] == names and orders[1] == ["b", "c", "baseline", "a"]
-    for name in names:   # over 8 prompts, each arm runs twice in each of the 4 positions
-        assert sorted(o.index(name) for o in orders) == [0, 0, 1, 1, 2, 2, 3, 3]
+@pytest.mark.parametrize("n", [3, 4, 5, 16, 17])
+def test_the_arm_order_is_balanced_for_position_and_neighbour(n):
+    names = [f"arm{i}" for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n
+    orders = [balanced(names, i) for i in range(2 * cycle)]
+    assert all(sorted(o) == sorted(names) for o in orders) and orders[:cycle] == orders[cycle:]
+    per_cycle = 1 if n % 2 == 0 else 2
+    for name in names:   # over a cycle, each arm runs equally often in each position
+        assert Counter(o.index(name) for o in orders[:cycle]) == {k: per_cycle for k in range(n)}
+    # ... and right after each other arm equally often (rotating a fixed list would keep its neighbours)
+    pairs = Counter((o[j], o[j + 1]) for o in orders[:cycle] for j in range(n - 1))
+    assert len(pairs) == n * (n - 1) and set(pairs.values()) == {per_cycle}
+    rotations = Counter((o[j], o[j + 1]) for o in (rotated(names, i) for i in range(n)) for j in range(n - 1))
+    assert len(rotations) < n * (n - 1)
 
 
 def test_unknown_method_and_bad_arms_are_errors(tiny_ckpt, tmp_path):

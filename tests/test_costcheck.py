@@ -1,4 +1,5 @@
 """The cost curve and the check of every PyTorch row's speedup against its costs (seconds)."""
+import json
 import time
 
 import pandas as pd
@@ -85,6 +86,20 @@ def test_a_row_whose_steps_cost_what_the_curve_says_is_predicted_exactly():
     assert predict(dict(row, dtype="bfloat16"), curve) is None
 
 
+def test_a_row_is_checked_against_its_own_jobs_step_costs_before_the_host_curve():
+    """A row with step costs timed in its job reads those (even as the frame's JSON text); the host's
+    curve only serves a row without them."""
+    row = _row(verify_steps=1.3)                    # 4 nodes: the curve says 1.3 plain steps
+    own = _curve(slope=0.2)[["shape", "nodes", "plain_steps"]].to_dict("records")   # r(4) = 1.6 in its job
+    for costs in (own, json.dumps(own)):
+        acc = predict(dict(row, step_costs=costs), _curve())
+        assert acc["verify_reference"] == "job" and acc["verify_cost"] == pytest.approx(1.6)
+        assert predict(dict(row, step_costs=costs), None)["verify_cost"] == pytest.approx(1.6)
+    # the job measured verification dearer than the row's steps cost: flagged against the job's costs
+    assert check_costs(pd.DataFrame([dict(row, step_costs=json.dumps(own))]), _curve())["_cost"].iloc[0]
+    assert predict(row, _curve())["verify_reference"] == "host curve" and predict(row, None) is None
+
+
 def test_verification_cheaper_or_dearer_than_the_curve_flags_the_row():
     curve = _curve()
     cheap = check_costs(pd.DataFrame([_row(verify_steps=1.3 / 1.25)]), curve).iloc[0]
@@ -119,7 +134,7 @@ def _loaded_decode(monkeypatch, arm_is_loaded, delay_s):
 @pytest.mark.parametrize("loaded, direction", [("baseline", "above"), ("method", "below")])
 def test_a_row_timed_under_load_on_one_arm_is_flagged(tiny_ckpt, tmp_path, monkeypatch, loaded, direction):
     """A job whose baseline arm (or method arm) runs under load: the measured speedup moves away
-    from what the row's costs predict with the host's curve, timed without the load."""
+    from what the row's costs predict with the step costs timed between the job's arms, without the load."""
     prompts = [{"id": f"p{i}", "prompt": "", "prompt_ids": [5 + (i + j) % 4 for j in range(8)] * 4} for i in range(4)]
     write_jsonl(tmp_path / "p.jsonl", prompts)
     sets = {"wiki": {"prompts": str(tmp_path / "p.jsonl"), "limit": None, "max_new_tokens": 32}}
@@ -134,4 +149,7 @@ def test_a_row_timed_under_load_on_one_arm_is_flagged(tiny_ckpt, tmp_path, monke
                             out_records=str(tmp_path / "r.jsonl"), out_summary=str(tmp_path / "s.json"))
     row = check_costs(rows_frame([tmp_path / "s.json"]), read_curve(tmp_path / "c.json")[1]).iloc[0]
     assert row["tau"] > 1.5                                   # the n-gram arm drafts and is accepted
+    assert row["verify_reference"] == "job"                   # timed between the arms, without the load
+    costs = json.loads((tmp_path / "s.json").read_text())["step_costs"]
+    assert {(c["shape"], c["nodes"]) for c in costs} == set(cells()) and all(c["repeats"] == 4 for c in costs)
     assert isinstance(row["_cost"], str) and direction in row["_cost"], row["cost_account"]

@@ -114,12 +114,20 @@ def test_a_tuned_variant_is_chosen_on_the_split_and_timed_beside_the_fixed_one(t
         line = next(x for x in md.splitlines() if x.startswith("- wiki, ") and "ngram/k3 tuned to" in x)
         assert (other["variant"] in line and ", tuned " in line) if different else "the fixed variant itself" in line
 
-    # a cost curve without the set: no prediction, no choice
+    # the candidates are predicted from the step costs timed in the tuning job itself: a cost curve
+    # without the set changes nothing; without the job's own step costs, the curve is the reference,
+    # and one without the set gives no prediction, no choice
     curve = json.loads((tmp_path / "c.json").read_text())
     curve["points"] = [{**p, "dataset": "chat_heldout"} for p in curve["points"]]
     write_json(tmp_path / "c2.json", curve)
+    own = choose(str(tmp_path / "ts.json"), candidate_arms(arms), str(tmp_path / "c2.json"))
+    assert own == choose(str(tmp_path / "ts.json"), candidate_arms(arms), str(tmp_path / "c.json"))
+    summary = json.loads((tmp_path / "ts.json").read_text())
+    write_json(tmp_path / "ts2.json", {**summary, "rows": [{k: v for k, v in r.items() if k != "step_costs"}
+                                                           for r in summary["rows"]]})
+    assert choose(str(tmp_path / "ts2.json"), candidate_arms(arms), str(tmp_path / "c.json")) != own
     with pytest.raises(ValueError, match=r"c2.json: no cost curve for float32 on wiki: cannot predict ngram/k3"):
-        choose(str(tmp_path / "ts.json"), candidate_arms(arms), str(tmp_path / "c2.json"))
+        choose(str(tmp_path / "ts2.json"), candidate_arms(arms), str(tmp_path / "c2.json"))
 
     # a fixed variant whose parameters changed after its tuning: the tuning is stale
     moved = [{**arms[0], "params": {**arms[0]["params"], "draft_len": 4}}, arms[1]]

@@ -7,8 +7,8 @@ a tree mask. The tree is binary (node i's parent is (i - 1) // 2), so its depth 
 n = 1 is a plain decoding step, the baseline's, and n <= 2 trees are chains. After each step the
 cache is cut back to the context, so every size runs at the same length:
   context = mean prompt length of the set's benchmarked prompts + max_new_tokens / 2
-(a decode's average position). The sizes run interleaved, in an order rotated by one per
-repeat, and each cell's figure is its median, so a slow spell of the machine spreads over every
+(a decode's average position). The sizes run interleaved, in an order balanced over the
+repeats (core.stats.balanced), and each cell's figure is its median, so a slow spell of the machine spreads over every
 size instead of bending the curve.
 
 The weight-read floor is the target's weight bytes over the host's memory read bandwidth
@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.loop import Draft, verify_step
-from ..core.stats import rotated
+from ..core.stats import balanced
 from ..core.target import TargetModel
 from ..data.records import read_prompts, write_json
 from ..host import capability, dtype_record, memory_read_gb_s, set_threads
@@ -65,16 +65,18 @@ def context_ids(prompts: list[dict], length: int) -> list[int]:
 
 @torch.inference_mode()
 def time_cells(target: TargetModel, context: list[int], repeats: int, warmup: int,
-               sizes=SIZES, shapes=SHAPES, desc: str = "") -> dict[tuple[str, int], list[float]]:
+               sizes=SIZES, shapes=SHAPES, desc: str = "", first_round: int = 0) -> dict[tuple[str, int], list[float]]:
     """Seconds of each (shape, nodes) verification step after `context`: `repeats` timings per
-    cell, the cells interleaved (the order rotated by one per repeat) after `warmup` untimed rounds."""
+    cell, the cells interleaved (round r in core.stats.balanced order r; the rounds counted from
+    `first_round`) after `warmup` untimed rounds."""
     target.prefill(context[:-1])
     pending, length = context[-1], target.cached
-    draws = context[::-1]   # draft tokens: real token ids, the context read backwards
+    draws = context[::-1]   # draft tokens: real token ids, the context read backwards (repeated)
+    draws = draws * (max(sizes) // len(draws) + 1)
     todo = cells(sizes, shapes)
     times: dict[tuple[str, int], list[float]] = {c: [] for c in todo}
-    for r in tqdm(range(warmup + repeats), desc=desc, unit="round", leave=False):
-        for shape, nodes in rotated(todo, r):
+    for r in tqdm(range(warmup + repeats), desc=desc, unit="round", leave=False, disable=not desc):
+        for shape, nodes in balanced(todo, first_round + r):
             draft = step_draft(shape, nodes, draws)
             t = time.perf_counter()
             verify_step(target, pending, draft, (), None)
@@ -83,6 +85,16 @@ def time_cells(target: TargetModel, context: list[int], repeats: int, warmup: in
             if r >= warmup:
                 times[(shape, nodes)].append(dt)
     return times
+
+
+def curve_points(times: dict[tuple[str, int], list[float]], **fields) -> list[dict]:
+    """time_cells' timings as the curve's points, each with `fields` (dtype, dataset, context):
+    ms, the cell's median; plain_steps, that over the plain step's median."""
+    plain = statistics.median(times[("chain", 1)])
+    return [{**fields, "shape": shape, "nodes": nodes, "ms": 1000 * statistics.median(ts),
+             "plain_steps": statistics.median(ts) / plain, "repeats": len(ts),
+             "ms_min": 1000 * min(ts), "ms_max": 1000 * max(ts)}
+            for (shape, nodes), ts in times.items()]
 
 
 def weight_bytes(model) -> int:
@@ -126,12 +138,7 @@ def cost_curve(*, target_dir: str, sets: dict[str, dict], dtypes: list[str], out
         for name in sets:
             ctx = context_ids(prompts[name], contexts[name])
             times = time_cells(target, ctx, repeats, warmup, sizes, desc=f"{dtype} {name} (context {len(ctx)})")
-            plain = statistics.median(times[("chain", 1)])
-            for (shape, nodes), ts in times.items():
-                ms = 1000 * statistics.median(ts)
-                points.append({"dtype": dtype, "dataset": name, "context": len(ctx), "shape": shape,
-                               "nodes": nodes, "ms": ms, "plain_steps": ms / (1000 * plain),
-                               "repeats": len(ts), "ms_min": 1000 * min(ts), "ms_max": 1000 * max(ts)})
+            points += curve_points(times, dtype=dtype, dataset=name, context=len(ctx))
         del target, model
     result = {"host": capability(), "memory_read_gb_s": bandwidth, "torch_threads": torch.get_num_threads(),
               "device": device, "sizes": list(sizes), "repeats": repeats, "warmup": warmup,

@@ -2,9 +2,10 @@
 every arm timed in one process.
 
 One job per (data set, dtype): the target is loaded once, every method's proposer is built on it,
-and each prompt is decoded by every arm in turn, the baseline included. The arm order rotates by
-one position per prompt, so that over the set each arm runs equally often in each position (no
-arm always runs first, on a colder machine, or right after the same neighbour). Each method's
+and each prompt is decoded by every arm in turn, the baseline included. The arm order is balanced
+over the prompts (core.stats.balanced, a Williams design): each arm runs equally often in each
+position and right after each other arm equally often, so no arm always runs first, on a colder
+machine, or after the same neighbour. Each method's
 speedup is the shared baseline arm's wall time over its own, on the same prompts, with a paired
 bootstrap interval over prompts; the baseline arm is also the reference for the token-by-token
 check.
@@ -16,6 +17,13 @@ listed in every row. Records and rows follow core.metrics.
 Sampled sets (T > 0): prompt i decodes with seed + i in every arm, and every arm decodes exactly
 max_new_tokens (EOS ignored), since their sampled texts differ: the wall ratio stays a ratio of
 equal work.
+The job also times the host's verification steps between its arms (`STEP_COSTS`, a pseudo-arm in
+the balanced order): once per prompt, every cell of the cost curve (backends/cost_curve.py: chains
+and trees of 1 to 16 nodes) at that prompt's average decode position, on a target of its own. Their
+medians are the job's own step costs (`step_costs` of the summary and of every row): what a step of
+n nodes costs in plain steps under the very conditions the arms ran in, against which the report
+checks every row's speedup (report/costcheck.py); a cost curve from another job on a shared
+machine can meet other conditions.
 `aa_control` times a second baseline arm like a method: its row (`baseline/aa`) is the job's own
 check that two identical arms measure 1.0x (the null drafter, methods/null_drafter.py, is the other
 control: verification that gains nothing). `tuning` (backends/tuning.py: tuned_arms) attaches to
@@ -31,15 +39,17 @@ from tqdm import tqdm
 from ..core.loop import decode
 from ..core.metrics import attach_baseline, make_record, summarize
 from ..core.sampling import Sampling
-from ..core.stats import AA_CONTROL, BASELINE, arm_label, paired_bootstrap, rotated
+from ..core.stats import AA_CONTROL, BASELINE, arm_label, balanced, paired_bootstrap
 from ..core.target import TargetModel, linear_route
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record, set_threads
 from ..methods import PEERS, build_proposer
 from ..models import eos_token_ids, load_causal_lm, load_tokenizer
+from .cost_curve import context_ids, curve_points, time_cells
 from .hf_generate import hf_decode, peer_kwargs
 
 DRAFT_MARGIN = 64  # room left in the context for draft nodes
+STEP_COSTS = "step costs"   # the pseudo-arm that times the host's verification steps (module doc)
 WARMUP_TOKENS = 16  # a warm-up decode runs prefill and steady-state steps; more tokens add nothing
 
 
@@ -155,9 +165,16 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
             runners[name][0](p["prompt_ids"], i, warmup_tokens)  # allocator, kernels, caches; not recorded
 
     records = {name: [] for name in names}
+    step_times: dict[tuple[str, int], list[float]] = {}
+    costs_target, contexts = TargetModel(model), []
     bar = tqdm(fits, desc=f"{len(arms)} method(s) and the baseline on {dataset}", unit="prompt")
     for i, p in enumerate(bar):
-        for name in rotated(names, i):
+        for name in balanced(names + [STEP_COSTS], i):
+            if name == STEP_COSTS:   # every cell once, at the prompt's average decode position
+                contexts.append(len(p["prompt_ids"]) + max_new_tokens // 2)
+                for cell, ts in time_cells(costs_target, context_ids([p], contexts[-1]), 1, 0, first_round=i).items():
+                    step_times.setdefault(cell, []).extend(ts)
+                continue
             records[name].append(_record(p, runners[name][0](p["prompt_ids"], i), dataset, name))
         wall = {n: sum(r["wall_s"] for r in rs) for n, rs in records.items()}
         bar.set_postfix_str(" ".join(f"{n} {wall[BASELINE] / wall[n]:.2f}x"
@@ -166,6 +183,8 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
         if proposer is not None and hasattr(proposer, "close"):
             proposer.close()
 
+    step_costs = curve_points(step_times, dtype=dt["dtype"], dataset=dataset,
+                              context=round(sum(contexts) / len(contexts)))
     base = records[BASELINE]
     attach_baseline(base, base)
     # core.target's routes (pack_linears, fold_attention): every arm's, the model is shared
@@ -180,13 +199,14 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
                     "prompts_file": str(prompts_path), "target": str(target_dir), "limit": limit, "skip": skip,
                     "linear_route": route, "attention_route": attention,
                     "ld_preload": os.environ.get("LD_PRELOAD") or None,
-                    "arms": names, "arm_order": "rotated by one per prompt",
+                    "arms": names, "arm_order": "balanced (Williams design) per prompt",
                     "compare_with": arm.get("compare_with"),
                     "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy}
         row = summarize(records[label], base, settings, skipped, resamples)
         peer = PEERS.get(arm["method"])
         row["draft_shape"] = (peer.draft_shape(arm.get("params") or {}) if peer
                               else getattr(runners[label][1], "draft_shape", None))
+        row["step_costs"] = step_costs
         if tuning and label in tuning:
             row["tuning"] = tuning[label]
         if arm.get("compare_with"):
@@ -194,7 +214,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
                                                   arm["compare_with"], resamples)
         rows.append(row)
     write_jsonl(out_records, [r for rs in records.values() for r in rs])
-    out = {"dataset": dataset, "dtype": dt["dtype"], "rows": rows}
+    out = {"dataset": dataset, "dtype": dt["dtype"], "step_costs": step_costs, "rows": rows}
     write_json(out_summary, out)
     return out
 

@@ -4,11 +4,12 @@ tuning split that the benchmarks never read, from the same cost account that che
 A method that declares a tuning_grid (methods/__init__.py) names one parameter and the values it
 may take. For every such arm of a PyTorch benchmark job, the tuning job decodes the split with
 each candidate (the variant's own parameters, then each grid value) and one baseline arm, all in
-one process, prompt by prompt in a rotating order (backends/torch_bench.py). Each candidate's
+one process, prompt by prompt in a balanced order (backends/torch_bench.py). Each candidate's
 decode speedup is predicted from its costs (report/costcheck.py):
   predicted = t / (D + V)
 with t its tokens per step and D its drafting time in plain steps, both measured on the split, and
-V what the host's cost curve gives for a verification step of its average draft size. The tuned
+V what a verification step of its average draft size costs by the step costs timed in the tuning
+job itself, between its arms (backends/torch_bench.py; the host's cost curve for a row without them). The tuned
 variant takes the candidate with the highest prediction, where that beats the fixed variant's
 by more than MARGIN (else the fixed variant is its own tuned one). The speedups measured on the split are
 recorded beside them, but a few prompts time too noisily to choose by, and the prediction's t and
@@ -69,7 +70,8 @@ def pick(candidates: list[dict]) -> dict:
 
 def choose(summary_path: str, groups: list[dict], curve_path: str) -> list[dict]:
     """Each group's candidates with their cost account on the tuning split, and its choice (pick).
-    Raises where a candidate has no prediction (its dtype or data set is not in the cost curve)."""
+    Raises where a candidate has no prediction (no step costs of its job, and its dtype or data set
+    is not in the cost curve)."""
     _, curve = read_curve(curve_path)
     frame = check_costs(rows_frame([summary_path]), curve).set_index("label")
     out = []

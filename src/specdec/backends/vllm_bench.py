@@ -37,7 +37,7 @@ from tqdm import tqdm
 from .. import methods
 from ..core.metrics import attach_baseline, environment, make_record, summarize
 from ..core.sampling import Sampling
-from ..core.stats import AA_CONTROL, BASELINE, arm_label, rotated
+from ..core.stats import AA_CONTROL, BASELINE, arm_label, balanced
 from ..data.records import read_prompts, write_json, write_jsonl
 from ..host import dtype_record
 from .vllm_cpu import repair_cpu_expand, repair_cpu_rebind
@@ -273,7 +273,7 @@ def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples
              warmed: bool = False, interleave: bool = False):
     """One row (a data set in one mode) through the started engines (the baseline's first): the
     warm-up, then the timed pass, every engine decoding each prompt (serial) or the whole batch
-    (batched, `rounds` times) in an order rotated by one per unit. `interleave`: the engines of a
+    (batched, `rounds` times) in a balanced order per unit (core.stats.balanced). `interleave`: the engines of a
     unit decode together, their steps interleaved (interleaved_steps; engines in this process);
     otherwise one after another. `warmed`: an earlier row of the job ran this mode. Returns
     ({arm: summary}, every arm's records)."""
@@ -305,7 +305,7 @@ def _run_row(row: dict, mode: dict, engines: dict, arm_settings: dict, resamples
                     "rounds": None if serial else rounds, "prompts_file": str(row["prompts"]), "limit": limit,
                     "sampling": sampled.to_dict(), "ignore_eos": not sampled.greedy, "row_arms": names,
                     "arm_order": ("engine steps interleaved, " if interleave else "")
-                                 + f"rotated by one per {'prompt' if serial else 'round'}"}
+                                 + f"balanced (Williams design) per {'prompt' if serial else 'round'}"}
     per_prompt = _sampling_params(sampled, len(fits), max_new_tokens)
     inputs = [TokensPrompt(prompt_token_ids=p["prompt_ids"]) for p in fits]
     warm_params = [p.clone() for p in per_prompt[:warmup]]
@@ -332,15 +332,15 @@ def _sampling_params(sampled: Sampling, n: int, max_new_tokens: int) -> list:
 def _timed_pass(engines: dict, inputs: list, per_prompt: list, rounds: int | None, interleave: bool,
                 desc: str) -> tuple[dict, dict]:
     """The timed decodes: serial (rounds None), every engine decodes each prompt in turn; batched,
-    every engine decodes the whole batch `rounds` times; the engines' order rotated by one per
-    unit. Returns ({engine: [wall per unit]}, {engine: outputs, one per prompt})."""
+    every engine decodes the whole batch `rounds` times; the engines' order balanced over the
+    units (core.stats.balanced). Returns ({engine: [wall per unit]}, {engine: outputs, one per prompt})."""
     names = list(engines)
     walls = {name: [] for name in names}
     outputs = {name: [] for name in names}
 
     def unit(i, batch, params) -> dict:
-        """Every engine decodes `batch` once, in the order rotated by i; {engine: outputs}."""
-        order = rotated(names, i)
+        """Every engine decodes `batch` once, in unit i's balanced order; {engine: outputs}."""
+        order = balanced(names, i)
         if interleave:
             unit_walls, outs = interleaved_steps(engines, order, batch, params)
         else:

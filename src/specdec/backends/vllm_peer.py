@@ -1,6 +1,6 @@
 """vLLM's plain greedy decoding as a peer arm of our loop's job (methods/peers.py: vllm_generate),
 so that "our baseline against vLLM's" is a paired ratio, timed like every other arm: same prompts,
-rotated order, one process.
+balanced order, one process.
 
 The engine is vLLM's offline LLM on the job's checkpoint, in the job's dtype, its engine core and
 worker in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni"): it computes on the

@@ -8,7 +8,9 @@ A speedup compares two arms timed in one process, alternately, on the same units
   speedup is the geometric mean of per-round ratios and the interval a t-interval on their logs.
 Neither interval covers the drift of a whole machine between runs; the drift check does.
 A job times several arms against one baseline arm; unit i (a prompt, or a round) runs them in the
-order `rotated(arms, i)`, so each arm takes each place in the order equally often over the units.
+order `balanced(arms, i)`: over a cycle of units each arm takes each place in the order equally
+often, and runs right after each other arm equally often (a Williams design), so no arm always runs
+first, on a colder machine, or always after the same neighbour.
 """
 from __future__ import annotations
 
@@ -30,9 +32,23 @@ def arm_label(arm: dict) -> str:
 
 
 def rotated(names: list[str], i: int) -> list[str]:
-    """The arm order for unit i: the list rotated left by i."""
+    """The list rotated left by i."""
     k = i % len(names)
     return names[k:] + names[:k]
+
+
+def balanced(names: list[str], i: int) -> list[str]:
+    """The arm order for unit i, from a Williams design: row k of n arms runs arm (s_j + k) mod n
+    at place j, s = 0, 1, n-1, 2, n-2, ...; each arm takes each place once in n rows, and each
+    ordered pair of arms is adjacent once. An odd n needs the n rows reversed as well (2n rows).
+    A cycle is n (even) or 2n (odd) units; unit i takes row i mod the cycle."""
+    n = len(names)
+    if n < 3:
+        return rotated(names, i)
+    k = i % (n if n % 2 == 0 else 2 * n)
+    s = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
+    order = [names[(sj + k) % n] for sj in s]
+    return order[::-1] if k >= n else order
 
 
 def paired_bootstrap(base: list[float], method: list[float], resamples: int = 10000,

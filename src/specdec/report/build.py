@@ -29,16 +29,16 @@ def write_report(summary_paths, out_tables: str, plots_dir: str, readme_section:
     """The tables, the plots, the tidy rows and the README's results section (its links relative
     to the working directory, where README.md is; `specdec publish` copies it into the README).
     `sizing`: the DAG's size for the host class that planned it, a line under the host's.
-    `cost_curve`: the host's cost curve, against which every PyTorch row's speedup is checked
-    (report.costcheck); `out_cost_table` renders it, with its plot in plots_dir."""
+    Every PyTorch row's speedup is checked against its job's own step costs (report.costcheck);
+    `cost_curve`: the host's cost curve, the reference of a row without them; `out_cost_table`
+    renders it, with its plot in plots_dir."""
     frame = rows_frame(summary_paths)
-    if cost_curve:
-        curve, points = read_curve(cost_curve)
-        frame = check_costs(frame, points)
-        if out_cost_table:
-            plot = plot_cost_curve(points, os.path.join(plots_dir, "cost_curve.png"))
-            rel = os.path.relpath(plot, os.path.dirname(os.path.abspath(out_cost_table)))
-            write_text(out_cost_table, render_cost_curve(curve, points, frame) + f"\n![cost curve]({rel})\n")
+    curve, points = read_curve(cost_curve) if cost_curve else (None, None)
+    frame = check_costs(frame, points)
+    if cost_curve and out_cost_table:
+        plot = plot_cost_curve(points, os.path.join(plots_dir, "cost_curve.png"))
+        rel = os.path.relpath(plot, os.path.dirname(os.path.abspath(out_cost_table)))
+        write_text(out_cost_table, render_cost_curve(curve, points, frame) + f"\n![cost curve]({rel})\n")
     if out_rows:
         write_rows(frame, out_rows)
     if out_csv:   # the rows a reader compares, for the Snakemake report

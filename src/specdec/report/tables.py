@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from .. import methods
-from .costcheck import TOLERANCE
+from .costcheck import TOLERANCE, job_curve
 from .rows import HEADLINE
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -66,9 +66,9 @@ def cost_flag_lines(frame: pd.DataFrame) -> list[str]:
     if not len(flagged):
         return []
     lines = [f"**Speedups their costs do not explain.** Each PyTorch row's decode speedup is predicted from its "
-             f"own tokens per step and drafting time and the host's cost curve of verification "
-             f"(`results/cost_curve.md`); these differ from it by more than {100 * TOLERANCE:.0f}% and are not "
-             "results until explained:", ""]
+             f"own tokens per step and drafting time and what verification steps cost in its job, timed between "
+             f"its arms (`results/cost_curve.md`); these differ from it by more than {100 * TOLERANCE:.0f}% and are "
+             "not results until explained:", ""]
     lines += [f"- {r['dataset']}, {path_name(r)}, {dtype_name(r)}, {r['label']}: {r['_cost']}."
               for _, r in flagged.iterrows()]
     return lines + [""]
@@ -252,6 +252,7 @@ def headline(frame: pd.DataFrame) -> str:
     if "settings.prompts_file" in frame:
         sampled = sampled[sampled["settings.prompts_file"].isin(held["settings.prompts_file"])]
     rows = []
+    predicted = held.get("predicted_decode_speedup", pd.Series()).notna().any()
     for _, h in held.sort_values("speedup", ascending=False).iterrows():
         o = over[over["method"] == h["method"]]
         checks = fp32[fp32["method"] == h["method"]]
@@ -265,7 +266,7 @@ def headline(frame: pd.DataFrame) -> str:
             "Held-out acceptance": _num(100 * h["acceptance_rate"], ".0f") + "%"
             if pd.notna(h.get("acceptance_rate")) else "-",
             "Held-out tau": _num(h.get("tau"), ".2f"),
-            **({"Decode speedup / its costs predict": cost_cell(h)} if "predicted_decode_speedup" in held else {}),
+            **({"Decode speedup / its costs predict": cost_cell(h)} if predicted else {}),
             **at_t,
             **({"vLLM held-out speedup, serial / batched": " / ".join(
                 vllm_cell(vllm_held[(vllm_held["method"] == h["method"]) & (vllm_held["mode"] == mode)])
@@ -450,8 +451,8 @@ def cost_account_lines(frame: pd.DataFrame) -> list[str]:
     held = frame[frame["headline"] & frame["cost_account"].notna()].sort_values("speedup", ascending=False)
     if not len(held):
         return []
-    lines = ["What each held-out figure is made of, in plain decoding steps of the baseline (the host's cost "
-             "curve: [`results/cost_curve.md`](results/cost_curve.md)):", ""]
+    lines = ["What each held-out figure is made of, in plain decoding steps of the baseline (verification "
+             "costs timed in the row's job: [`results/cost_curve.md`](results/cost_curve.md)):", ""]
     unexplained = " (unexplained: see the tables)"
     lines += [f"- {r['label']}: {r['cost_account']}{unexplained if isinstance(r.get('_cost'), str) else ''}."
               for _, r in held.iterrows()]
@@ -503,6 +504,33 @@ def rows_html(frame: pd.DataFrame) -> str:
             f"<body>{table}</body></html>\n")
 
 
+def job_step_cost_lines(costs: pd.DataFrame, points: pd.DataFrame) -> list[str]:
+    """Each benchmark job's own step costs (backends/torch_bench.py: STEP_COSTS) beside this
+    curve's, for the chain sizes the headline chains use."""
+    rows = []
+    for _, r in costs.drop_duplicates("summary_path").iterrows():
+        own = job_curve(r)
+        if own is None:
+            continue
+        cell = points[(points["dtype"] == r["dtype"]) & (points["dataset"] == r["dataset"])]
+        entry = {"Job": f"{r['dataset']}, {dtype_name(r)}", "Context": int(own["context"].iloc[0])}
+        for label, frame in (("job", own), ("curve", cell)):
+            chain = frame[frame["shape"] == "chain"].set_index("nodes")
+            if 1 not in chain.index:
+                continue
+            entry[f"Plain step ms ({label})"] = _num(chain.loc[1, "ms"], ".1f")
+            entry[f"Chain 2 / 4 / 6 nodes, plain steps ({label})"] = " / ".join(
+                _num(chain["plain_steps"].get(n), ".2f") for n in (2, 4, 6))
+        rows.append(entry)
+    if not rows:
+        return []
+    return ["## Step costs timed in each benchmark job", "",
+            "Every PyTorch job also times the cells of this curve, once per prompt, between its arms (the "
+            "pseudo-arm `step costs`): the reference its rows are checked against, since a shared host can run "
+            "faster or slower in another job, and not alike for one-token and many-token steps. The medians, "
+            "beside this curve's:", "", pd.DataFrame(rows).to_markdown(index=False, disable_numparse=True), ""]
+
+
 def render_cost_curve(curve: dict, points: pd.DataFrame, frame: pd.DataFrame) -> str:
     """results/cost_curve.md: the host, its bandwidth and weight-read floor per dtype, the
     verification step of n nodes per (dtype, set) in ms and in plain steps (`points`, from
@@ -542,12 +570,14 @@ def render_cost_curve(curve: dict, points: pd.DataFrame, frame: pd.DataFrame) ->
             "Draft": [ROW_COLUMNS["Draft"](r) for _, r in costs.iterrows()],
             "Draft ms per step": [_num(x, ".1f") for x in costs["draft_ms_per_step"]],
             "Drafting, plain steps": [_num(x, ".2f") for x in costs["draft_cost"]],
-            "Verification, plain steps (curve / measured)":
+            "Verification, plain steps (step costs / measured)":
                 [f"{a:.2f} / {b:.2f}" for a, b in zip(costs["verify_cost"], costs["verify_cost_measured"])],
             "Tokens per step": [_num(x, ".2f") for x in costs["tokens_per_step"]],
             "Decode speedup / predicted": [cost_cell(r) for _, r in costs.iterrows()]})
+        lines += job_step_cost_lines(costs, points)
         lines += ["## Each PyTorch row's costs", "",
                   "Drafting: the row's draft ms per decode step over its job's plain step; verification: what "
-                  "the curve gives for the row's mean draft (and what its job measured); predicted = tokens per "
-                  "step / (drafting + verification).", "", shown.to_markdown(index=False, disable_numparse=True), ""]
+                  "a step of the row's mean draft costs by the step costs timed in its job (by this curve where "
+                  "a row has none), and what the row's own steps measured; predicted = tokens per step / "
+                  "(drafting + verification).", "", shown.to_markdown(index=False, disable_numparse=True), ""]
     return "\n".join(lines)
