@@ -8,8 +8,9 @@ n = 1 is a plain decoding step, the baseline's, and n <= 2 trees are chains. Aft
 cache is cut back to the context, so every size runs at the same length:
   context = mean prompt length of the set's benchmarked prompts + max_new_tokens / 2
 (a decode's average position). The sizes run interleaved, in an order balanced over the
-repeats (core.stats.balanced), and each cell's figure is its median, so a slow spell of the machine spreads over every
-size instead of bending the curve.
+repeats (core.stats.balanced), each timed on its second step in a row (time_cells), and each
+cell's figure is its median, so a slow spell of the machine spreads over every size instead of
+bending the curve.
 
 The weight-read floor is the target's weight bytes over the host's memory read bandwidth
 (host.memory_read_gb_s): a step of a small model on a CPU reads every weight once, so no step is
@@ -33,6 +34,7 @@ from ..models import load_causal_lm
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)   # nodes per verification step: the pending token + drafts
 SHAPES = ("chain", "tree")
+SETTLE = 1   # untimed steps of a cell's size before its timed one (time_cells)
 
 
 def tree_parents(drafts: int) -> list[int]:
@@ -68,7 +70,9 @@ def time_cells(target: TargetModel, context: list[int], repeats: int, warmup: in
                sizes=SIZES, shapes=SHAPES, desc: str = "", first_round: int = 0) -> dict[tuple[str, int], list[float]]:
     """Seconds of each (shape, nodes) verification step after `context`: `repeats` timings per
     cell, the cells interleaved (round r in core.stats.balanced order r; the rounds counted from
-    `first_round`) after `warmup` untimed rounds."""
+    `first_round`) after `warmup` untimed rounds. A cell runs SETTLE untimed steps of its size
+    before the timed one: a decode repeats one step size, so the timed step is a repeated one, not
+    the first after a change of size (new allocation sizes, a kernel's first call on a shape)."""
     target.prefill(context[:-1])
     pending, length = context[-1], target.cached
     draws = context[::-1]   # draft tokens: real token ids, the context read backwards (repeated)
@@ -78,6 +82,9 @@ def time_cells(target: TargetModel, context: list[int], repeats: int, warmup: in
     for r in tqdm(range(warmup + repeats), desc=desc, unit="round", leave=False, disable=not desc):
         for shape, nodes in balanced(todo, first_round + r):
             draft = step_draft(shape, nodes, draws)
+            for _ in range(SETTLE):
+                verify_step(target, pending, draft, (), None)
+                target.truncate(length)
             t = time.perf_counter()
             verify_step(target, pending, draft, (), None)
             dt = time.perf_counter() - t
