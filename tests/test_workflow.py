@@ -430,7 +430,7 @@ def test_smoke_dag_end_to_end(smoke_run):
     assert "## Tuned variants" in tables
     assert len(rows) == SMOKE_FIXED_ROWS + tuned == smoke_row_count(wd) == len(torch_rows(wd)) + sum(
         len(vllm_job(wd, p)) for p in ("chat_heldout", "chat_overlap", "wiki"))
-    # the cost curve at every PyTorch set's context, and every PyTorch row of ours checked against it
+    # the cost curve at every PyTorch set's context; every PyTorch row of ours checked against its job's step costs
     curve = json.loads((wd / "results" / "costs" / "cost_curve.json").read_text())
     assert {(p["dtype"], p["dataset"]) for p in curve["points"]} >= {
         ("float32", ds) for ds in ("chat_heldout", "chat_overlap", "wiki", "chat_heldout_t07")}
@@ -439,6 +439,7 @@ def test_smoke_dag_end_to_end(smoke_run):
     assert "- vLLM (offline engine, serial) (wiki, " in tables
     ours = rows[(rows["backend"] == "torch") & ~rows["method"].isin(list(PEERS))]
     assert ours["predicted_decode_speedup"].notna().all() and ours["cost_account"].notna().all()
+    assert (ours["verify_reference"] == "job").all()      # the step costs timed in each row's own job
     assert "Decode speedup / predicted" in tables and (wd / "results" / "cost_curve.md").exists()
     assert all(r["environment"]["memory_read_gb_s"] > 0 for r in torch_rows(wd))
     # the Snakemake report: the plots and the rows table, with their captions
