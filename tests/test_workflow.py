@@ -454,7 +454,7 @@ def test_smoke_dag_end_to_end(smoke_run):
         assert "error" not in ngram, ngram.get("error")
         assert ngram["settings"]["in_process"]  # vllm.in_process
         # the schema of our rows, less the blocks only our loop's jobs write
-        assert set(ngram) >= torch_keys - {"same_run", "tuning"} and ngram["prompts"] == 2
+        assert set(ngram) >= torch_keys - {"same_run", "tuning", "step_costs"} and ngram["prompts"] == 2
         # the baseline engine ran in the same job: a paired speedup, and its outputs as reference
         assert ngram["drafted_tokens"] > 0 and ngram["timing"] == "paired"
         assert ngram["speedup_ci"][0] <= ngram["speedup"] <= ngram["speedup_ci"][1]
