@@ -98,19 +98,21 @@ def _same_logits(a: TargetModel, b: TargetModel) -> None:
 
 
 def test_fused_sibling_linears_give_bit_identical_logits(tiny_model):
-    """pack_linears runs q/k/v and gate/up as one matmul over stacked weights: fp32 logits equal the
-    unpacked model's bit for bit, the siblings' weights are views of the stacked one, and a sibling
-    called on a tensor its first sibling did not see runs its own linear."""
+    """Sibling linears (q/k/v, gate/up) fused into one matmul over stacked weights: fp32 logits
+    equal the unfused model's bit for bit, the siblings' weights are views of the stacked one, and
+    a sibling called on a tensor its first sibling did not see runs its own linear."""
     import copy
 
-    from specdec.core.target import linear_route, pack_linears
+    from specdec.core.target import _fuse_siblings, linear_route
 
     model = copy.deepcopy(tiny_model)
-    assert pack_linears(model) == linear_route(model) == "aten+fused"
+    _fuse_siblings(model, packed=False)
+    assert linear_route(model) == "aten+fused"
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     assert attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + attn.q_proj.weight.numel() * 4
-    assert pack_linears(model) == "aten+fused"                       # idempotent
-    _same_logits(TargetModel(model), TargetModel(copy.deepcopy(tiny_model), pack=False))
+    _fuse_siblings(model, packed=False)                               # idempotent
+    assert linear_route(model) == "aten+fused"
+    _same_logits(TargetModel(model, pack=False), TargetModel(copy.deepcopy(tiny_model), pack=False))
     x, other = torch.randn(1, 3, attn.q_proj.in_features), torch.randn(1, 3, attn.q_proj.in_features)
     q = attn.q_proj(x)
     assert torch.equal(attn.k_proj(other), torch.nn.functional.linear(other, attn.k_proj.weight))
@@ -135,6 +137,34 @@ def test_prepacked_bf16_linears_give_bit_identical_logits(tiny_model):
     assert packed.linear_route == linear_route(packed_model) == "onednn_prepacked+fused"
     assert ref.linear_route == "aten"
     _same_logits(packed, ref)
+
+
+def test_prepacked_fp32_linears_match_aten_to_rounding(tiny_model):
+    """fp32 linears prepacked for oneDNN: every forward's logits equal aten's (MKL's) to fp32
+    rounding, and pack_linears is idempotent. Not bit for bit: the two libraries sum each dot
+    product in another order (as aten's own one-row and many-row kernels do)."""
+    import copy
+
+    from specdec.core.target import linear_route, onednn_fp32, pack_linears
+
+    model = copy.deepcopy(tiny_model)
+    packed, ref = TargetModel(model), TargetModel(copy.deepcopy(tiny_model), pack=False)
+    if not onednn_fp32():
+        assert packed.linear_route == "aten+fused"
+        return
+    assert packed.linear_route == linear_route(model) == pack_linears(model) == "onednn_prepacked+fused"
+    assert ref.linear_route == "aten"
+    prompt = [5, 9, 3, 17, 22, 8, 40, 11]
+    outs = []
+    for t in (packed, ref):
+        first, _ = t.prefill(prompt)
+        chain, _ = t.forward([12, 13, 14, 15])
+        t.commit([0, 1])
+        tree, _ = t.forward([30, 31, 32, 33, 34], [-1, 0, 0, 1, 2])
+        outs.append((first, chain, tree))
+    for x, y in zip(*outs):
+        assert torch.allclose(x, y, rtol=1e-5, atol=1e-5)
+        assert not torch.equal(x, torch.zeros_like(x))
 
 
 def test_folded_bf16_attention_is_sdpa_to_rounding(tiny_model):

@@ -170,7 +170,7 @@ def bench_torch(*, target_dir: str, prompts_path: str, dataset: str, arms: list[
     bar = tqdm(fits, desc=f"{len(arms)} method(s) and the baseline on {dataset}", unit="prompt")
     for i, p in enumerate(bar):
         for name in balanced(names + [STEP_COSTS], i):
-            if name == STEP_COSTS:   # every cell once, at the prompt's average decode position
+            if name == STEP_COSTS:   # one timed step per cell (time_cells), at the prompt's average decode position
                 contexts.append(len(p["prompt_ids"]) + max_new_tokens // 2)
                 for cell, ts in time_cells(costs_target, context_ids([p], contexts[-1]), 1, 0, first_round=i).items():
                     step_times.setdefault(cell, []).extend(ts)

@@ -76,14 +76,14 @@ class PreallocatedLayer(DynamicLayer):
 
 
 def _prepack(weight: torch.Tensor) -> torch.Tensor:
-    # a bf16 weight reordered into oneDNN's blocked layout once, for the batch-size hint of a
-    # decode step (one row)
+    # a weight reordered into oneDNN's blocked layout once, for the batch-size hint of a decode
+    # step (one row)
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
 
 def _onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    # the same oneDNN bf16 matmul F.linear runs, on a weight _prepack reordered once instead of on
-    # every call
+    # oneDNN's matmul on a weight _prepack reordered once (bf16: the matmul F.linear runs, which
+    # reorders the weight on every call)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -91,10 +91,19 @@ def _packed_linear(self, x: torch.Tensor) -> torch.Tensor:
     return _onednn_linear(x, self.packed_weight, self.bias)
 
 
+def onednn_fp32() -> bool:
+    """Whether this torch build runs oneDNN's linear on prepacked weights (fp32: any x86-64 CPU)."""
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
 def onednn_bf16() -> bool:
     """Whether this torch build and CPU run oneDNN's bf16 linear (AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
-    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return onednn_fp32() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _packable(linears: list[torch.nn.Linear]) -> bool:
+    dtypes = {m.weight.dtype for m in linears}
+    return (dtypes == {torch.bfloat16} and onednn_bf16()) or (dtypes == {torch.float32} and onednn_fp32())
 
 
 # Linears the modeling code calls one after another on the same input tensor (Llama, Qwen2,
@@ -164,18 +173,23 @@ def pack_linears(model) -> str:
     each layer's forward is rebound; the weights must not change afterwards):
     - sibling linears (SIBLINGS: q/k/v, gate/up) run as one matmul over their stacked weights
       (FusedSiblings);
-    - bf16 linears run through oneDNN with prepacked weights. F.linear on a bf16 CPU tensor
-      reorders the weight into oneDNN's layout on every call, which costs about as much as the
-      matmul itself when one token reads the whole weight; prepacked, a decode step reads each
-      weight once.
-    Outputs are bit-identical (tests/test_target.py). Returns the route the model's linears take:
-    "onednn_prepacked" or "aten" (not bf16, no oneDNN in this torch build, or a CPU whose oneDNN
-    has no bf16 path: AVX2 only, where the reorder refuses bf16), with "+fused" where siblings
-    were fused. Other devices are left as they are ("aten")."""
+    - bf16 and fp32 linears run through oneDNN with prepacked weights.
+      bf16: F.linear on a CPU tensor reorders the weight into oneDNN's layout on every call, which
+      costs about as much as the matmul itself when one token reads the whole weight; prepacked,
+      a decode step reads each weight once. Outputs are bit-identical (tests/test_target.py).
+      fp32: F.linear runs MKL, which picks its kernel by the number of rows, so a verification
+      forward of 2 or 3 tokens can cost more than one of 8; oneDNN's prepacked matmul grows
+      with the rows, and its one-row step is faster. Outputs equal F.linear's to fp32 rounding
+      (each dot product summed in another order), as F.linear's own one-row and many-row kernels
+      differ from each other; every arm of a benchmark shares the model, so its route.
+    Returns the route the model's linears take: "onednn_prepacked" or "aten" (another dtype, no
+    oneDNN in this torch build, or bf16 on a CPU whose oneDNN has no bf16 path: AVX2 only, where
+    the reorder refuses bf16), with "+fused" where siblings were fused. Other devices are left as
+    they are ("aten")."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     if not linears or not all(m.weight.device.type == "cpu" for m in linears):
         return "aten"
-    packed = all(m.weight.dtype == torch.bfloat16 for m in linears) and onednn_bf16()
+    packed = _packable(linears)
     _fuse_siblings(model, packed)
     if packed:
         for m in linears:
@@ -267,9 +281,9 @@ def new_cache(config) -> DynamicCache:
 
 class TargetModel:
     def __init__(self, model, pack: bool = True):
-        """pack: route the model's bf16 CPU linears through prepacked oneDNN weights (pack_linears)
-        and its decode-step attention through fold_attention; in place, so every TargetModel on the
-        same model shares the routes. `linear_route` and `attention_route` say which they take."""
+        """pack: route the model's bf16 and fp32 CPU linears through prepacked oneDNN weights
+        (pack_linears) and its decode-step attention through fold_attention; in place, so every
+        TargetModel on the same model shares the routes. `linear_route` and `attention_route` say which they take."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype

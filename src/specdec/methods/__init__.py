@@ -203,7 +203,7 @@ def check_train_settings(name: str, settings: dict, where: str = "settings") -> 
 
 def build_proposer(name: str, params: dict, target=None):
     """The method's proposer on `target`. Its modules (a drafter network) take the target's
-    linear route: bf16 CPU linears prepacked for oneDNN (core.target.pack_linears)."""
+    linear route: bf16 and fp32 CPU linears prepacked for oneDNN (core.target.pack_linears)."""
     import torch
 
     from ..core.target import pack_linears
