@@ -192,7 +192,7 @@ def test_the_ablation_undoes_each_change_in_order(tmp_path):
     assert s["train"]["steps"] == 300 and not s["train"]["soft_labels"]
     passes = trains["ttt5_ablation4"][2]
     assert passes["eagle3"]["ttt_steps"] == 3 and passes["train"]["steps"] == 500
-    assert trains["ttt5"][2]["eagle3"]["ttt_steps"] == 5
+    assert trains["ttt5"][2]["eagle3"]["ttt_steps"] == 5 and trains["ttt5"][2]["train"]["steps"] == 1000
     rows = spec_of(out.split("specdec ablation ")[1], specs)["rows"]
     assert [(r["change"], r["checkpoint"]) for r in rows if r["method"] == "eagle3"] == [
         ("baseline", "ttt5_ablation0"), ("feature fix", "ttt5_ablation0"), ("on-policy data", "ttt5_ablation2"),
@@ -235,7 +235,7 @@ def test_the_default_is_sized_per_host_class(tmp_path):
                                                     for cls in ("bfloat16", "float32"))
     assert "--train-prompts 2000" in bf16 and "--train-prompts 1000" in fp32
     assert heldout_limit(bf16) == 32 and heldout_limit(fp32) == 16
-    assert (bf16_steps, fp32_steps) == (500, 250)   # EAGLE-3's
+    assert (bf16_steps, fp32_steps) == (1000, 500)   # EAGLE-3's
     assert "--sizing 'the config as written (host class bfloat16" in bf16
     assert "--sizing 'host class float32: config sizing.float32 replaces" in fp32
     jobs = re.compile(r"output: results/torch/(\S+?)\.jsonl")
@@ -255,7 +255,7 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     # what is layered on the config file (a later --configfile, --config) beats the sizing
     (wd / "more.yaml").write_text("data: {chat: {train_prompts: 1500}}\n")
     layered, _, layered_steps = plan("--configfile", "config.yaml", "more.yaml", "--config", "sizing={host: float32}")
-    assert "--train-prompts 1500" in layered and layered_steps == 250
+    assert "--train-prompts 1500" in layered and layered_steps == 500
     replaced = re.compile(r"sizing.float32 replaces (\d+) of its values")
     assert int(replaced.search(layered).group(1)) == int(replaced.search(fp32).group(1)) - 1
 
