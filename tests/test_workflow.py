@@ -176,7 +176,7 @@ def test_the_ablation_undoes_each_change_in_order(tmp_path):
     trains = {m.group(4): (m.group(1), m.group(2), specs[m.group(3)]["settings"]) for m in train.finditer(out)}
     assert sorted(trains) == ["heads4", "heads4_ablation0", "heads4_ablation1", "heads4_ablation2",
                               "heads4_ablation3", "ttt5", "ttt5_ablation0", "ttt5_ablation2", "ttt5_ablation3",
-                              "ttt5_ablation4"]
+                              "ttt5_ablation4", "ttt5_ablation5"]
     reference, on_policy = "data/ablation/hidden_reference.safetensors", "data/hidden/chat.safetensors"
     _, hidden, s = trains["heads4_ablation0"]
     assert hidden == reference and s["train"]["features"] == "post_norm"
@@ -192,12 +192,15 @@ def test_the_ablation_undoes_each_change_in_order(tmp_path):
     assert s["train"]["steps"] == 300 and not s["train"]["soft_labels"]
     passes = trains["ttt5_ablation4"][2]
     assert passes["eagle3"]["ttt_steps"] == 3 and passes["train"]["steps"] == 500
+    depth = trains["ttt5_ablation5"][2]
+    assert depth["eagle3"]["ttt_steps"] == 5 and depth["train"]["steps"] == 500
     assert trains["ttt5"][2]["eagle3"]["ttt_steps"] == 5 and trains["ttt5"][2]["train"]["steps"] == 1000
     rows = spec_of(out.split("specdec ablation ")[1], specs)["rows"]
     assert [(r["change"], r["checkpoint"]) for r in rows if r["method"] == "eagle3"] == [
         ("baseline", "ttt5_ablation0"), ("feature fix", "ttt5_ablation0"), ("on-policy data", "ttt5_ablation2"),
-        ("soft labels", "ttt5_ablation3"), ("more passes", "ttt5_ablation4"), ("TTT depth", "ttt5")]
-    assert [r["checkpoint"] for r in rows if r["method"] == "medusa"][-2:] == ["heads4", "heads4"]
+        ("soft labels", "ttt5_ablation3"), ("more passes", "ttt5_ablation4"), ("TTT depth", "ttt5_ablation5"),
+        ("longer training", "ttt5")]
+    assert [r["checkpoint"] for r in rows if r["method"] == "medusa"][-3:] == ["heads4"] * 3
     job = out.split("results/ablation/auto/chat_heldout.jsonl")[1]
     assert sorted(a["variant"] for a in spec_of(job, specs)["arms"]) == sorted(trains)
 
