@@ -221,21 +221,21 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     wd = copy_workflow(tmp_path)
 
     def plan(*args):
-        """A dry run's output, and EAGLE-3's training steps in the specs it wrote."""
+        """A dry run's output, its specs, and EAGLE-3's checkpoint settings in them."""
         out = smk(wd, "-n", "-p", "--cores", "1", *args, "--", "results/tables.md").stdout
         specs = job_specs(wd, out)
         eagle3 = out.split("output: checkpoints/eagle3/ttt5/manifest.json", 1)[1].split("rule ", 1)[0]
-        return out, specs, spec_of(eagle3, specs)["settings"]["train"]["steps"]
+        return out, specs, spec_of(eagle3, specs)["settings"]
 
     def heldout_limit(out):
         job = out.split("output: results/torch/auto/chat_heldout.jsonl", 1)[1].split("rule ", 1)[0]
         return int(re.search(r"--limit (\d+)", job).group(1))
 
-    (bf16, _, bf16_steps), (fp32, _, fp32_steps) = (plan("--config", f"sizing={{host: {cls}}}")
+    (bf16, _, bf16_eagle3), (fp32, _, fp32_eagle3) = (plan("--config", f"sizing={{host: {cls}}}")
                                                     for cls in ("bfloat16", "float32"))
     assert "--train-prompts 2000" in bf16 and "--train-prompts 1000" in fp32
     assert heldout_limit(bf16) == 32 and heldout_limit(fp32) == 16
-    assert (bf16_steps, fp32_steps) == (500, 250)   # EAGLE-3's
+    assert (bf16_eagle3["train"]["steps"], fp32_eagle3["train"]["steps"]) == (500, 250)
     assert "--sizing 'the config as written (host class bfloat16" in bf16
     assert "--sizing 'host class float32: config sizing.float32 replaces" in fp32
     jobs = re.compile(r"output: results/torch/(\S+?)\.jsonl")
@@ -254,17 +254,18 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     assert sweeps.count("--require-dtype float32") == overlap.count("--require-dtype float32") == 1
     # what is layered on the config file (a later --configfile, --config) beats the sizing
     (wd / "more.yaml").write_text("data: {chat: {train_prompts: 1500}}\n")
-    layered, _, layered_steps = plan("--configfile", "config.yaml", "more.yaml", "--config", "sizing={host: float32}")
-    assert "--train-prompts 1500" in layered and layered_steps == 250
+    layered, _, layered_eagle3 = plan("--configfile", "config.yaml", "more.yaml", "--config", "sizing={host: float32}")
+    assert "--train-prompts 1500" in layered and layered_eagle3["train"]["steps"] == 250
     replaced = re.compile(r"sizing.float32 replaces (\d+) of its values")
     assert int(replaced.search(layered).group(1)) == int(replaced.search(fp32).group(1)) - 1
     # the opt-in longer EAGLE-3 training merges into the checkpoint's settings, the rest kept
-    long, specs, long_steps = plan("--configfile", "config.yaml", "workflow/configs/eagle3-long.yaml",
-                                   "--config", "sizing={host: bfloat16}")
-    eagle3 = long.split("output: checkpoints/eagle3/ttt5/manifest.json", 1)[1].split("rule ", 1)[0]
-    settings = spec_of(eagle3, specs)["settings"]
-    assert long_steps == 1000 and settings["train"]["batch_size"] == 8 and settings["train"]["soft_labels"]
-    assert settings["eagle3"]["ttt_steps"] == 5 and "--train-prompts 2000" in long
+    # (on a float32 host too: layered on the config, it beats sizing.float32's 250 steps)
+    for cls, prompts in (("bfloat16", 2000), ("float32", 1000)):
+        long, _, settings = plan("--configfile", "config.yaml", "workflow/configs/eagle3-long.yaml",
+                                 "--config", f"sizing={{host: {cls}}}")
+        train = settings["train"]
+        assert train["steps"] == 1000 and train["batch_size"] == 8 and train["soft_labels"]
+        assert settings["eagle3"]["ttt_steps"] == 5 and f"--train-prompts {prompts}" in long
 
 
 def torch_rows(wd: Path, dtype: str | None = None) -> list[dict]:
