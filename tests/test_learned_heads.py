@@ -136,6 +136,30 @@ def test_lossless_fp32(trained, method, params):
     assert accepted > 0  # trained on these completions: some drafts must land
 
 
+def test_mtp_starts_from_the_previous_state_at_residual_scale(trained, tmp_path):
+    """input_init residual: input_proj = [s I | 0], so a module first reads s * hidden_norm(g),
+    whatever the next token (s: g^0's median RMS over the first training sequences); random:
+    nn.Linear's init, which mixes in the token."""
+    model = trained["model"]
+    H = model.config.hidden_size
+    torch.manual_seed(0)
+    prev, emb = 5 * torch.randn(3, H), torch.randn(3, H)
+    for rms in (2.5, None):
+        module = mtp.MTP.for_target(model, 2)
+        module.init_from_target(model, rms)
+        for layer in module.layers:
+            with torch.no_grad():
+                x = layer.input_proj(torch.cat([layer.hidden_layernorm(prev), layer.token_layernorm(emb)], -1))
+                read = 2.5 * prev / prev.pow(2).mean(-1, keepdim=True).add(model.config.rms_norm_eps).sqrt()
+            assert torch.allclose(x, read, atol=1e-4) == (rms is not None)
+            assert torch.equal(layer.block.mlp.up_proj.weight, model.model.layers[-1].mlp.up_proj.weight)
+    seqs = [SimpleNamespace(taps={7: torch.full((4, H), 3.0)}), SimpleNamespace(taps={7: torch.full((2, H), -6.0)})]
+    assert mtp.state_rms(seqs, 7) == 3.0 and mtp.state_rms(seqs[1:], 7) == 6.0
+    with pytest.raises(ValueError, match="mtp.input_init: 'eye' is not one of residual, random"):
+        train_checkpoint("mtp", str(trained["hidden"]), str(trained["target_dir"]), str(tmp_path / "bad"),
+                         {"train": FAST, "mtp": {"input_init": "eye"}}, overlap=4)
+
+
 @pytest.mark.parametrize("ckpt", ["mtp1", "mtp2"])
 def test_mtp_caches_match_a_from_scratch_run_after_partial_acceptance(trained, ckpt):
     """After every verification step (some drafts accepted, some not), each module's KV cache

@@ -8,6 +8,13 @@ one decoder layer of the target's own architecture, and the target's LM head pre
 x_(j+k+1) from g_j^k. The embedding at position 0 is zeroed, as in vLLM. Training: CE on the
 target's greedy completion tokens (distillation), averaged over modules.
 
+DeepSeek-V3 trains its MTP modules with the model; here they are added to a frozen target, so
+they start from its parts: Block from its last layer, final_norm from its final norm, and
+input_proj = [s I | 0], so that the module first reads s * hidden_norm(g), the previous state
+back at the residual stream's typical RMS s (which hidden_norm divided out, and the copied
+Block's weights expect), and the token half starts at zero. With nn.Linear's random input_proj
+the first loss is about ln(vocab): the module starts from nothing.
+
 Inference keeps each module's KV cache equal to what a from-scratch run over the verified
 sequence would hold. Module k is exact at positions j <= n-1-k (n tokens incl. the pending one):
 after each verification step, every newly verified position of every module is written in ONE
@@ -65,17 +72,32 @@ class MTP(nn.Module):
         base = model.model
         return cls(model.config, num_modules, type(base.layers[0]), type(base.norm))
 
-    def init_from_target(self, model) -> None:
-        """Block from the target's last decoder layer, final norm from the target's final norm."""
+    def init_from_target(self, model, state_rms: float | None) -> None:
+        """Block from the target's last decoder layer, final norm from the target's final norm;
+        input_proj = [state_rms I | 0] (None: nn.Linear's random init)."""
+        H = model.config.hidden_size
         for layer in self.layers:
             layer.block.load_state_dict(model.model.layers[-1].state_dict())
             layer.final_layernorm.load_state_dict(model.model.norm.state_dict())
+            if state_rms is not None:
+                with torch.no_grad():
+                    layer.input_proj.weight.zero_()
+                    layer.input_proj.weight[:, :H] = state_rms * torch.eye(H)   # x = s * hidden_norm(g)
 
 
 # ---- training ---------------------------------------------------------------------------------
 @dataclass
 class MTPTrainConfig:
     num_modules: int = 1
+    # input_proj's start: "residual", [s I | 0] with s the median RMS of g^0 over the first
+    # training sequences (see the module docstring); "random": nn.Linear's default init
+    input_init: str = "residual"
+
+
+def state_rms(seqs, tap: int, sample: int = 64) -> float:
+    """The median per-token RMS of tap `tap` over the first `sample` sequences."""
+    h = torch.cat([s.taps[tap].float() for s in seqs[:sample]])
+    return h.pow(2).mean(-1).sqrt().median().item()
 
 
 def pad_batch(seqs, tap: int, dtype=torch.float32):
@@ -116,14 +138,17 @@ def hidden_taps(config, settings: dict) -> list[int]:
 
 
 def setup(target, data, settings: dict, tcfg, device: str):
-    """Examples are sequences; the modules start from the target's last layer and final norm."""
+    """Examples are sequences; the modules start from the target's parts (module docstring)."""
     from ..train.driver import Trainee
     mcfg = MTPTrainConfig(**settings.get("mtp", {}))
     dtype = getattr(torch, tcfg.dtype)
     model = frozen_target(target, tcfg.dtype, device)   # the frozen embedding, rotary embedding and LM head
     tap = model.config.num_hidden_layers
+    if mcfg.input_init not in ("residual", "random"):
+        raise ValueError(f"mtp.input_init: {mcfg.input_init!r} is not one of residual, random")
     mtp = MTP.for_target(model, mcfg.num_modules)
-    mtp.init_from_target(model)
+    rms = state_rms(data.train, tap) if mcfg.input_init == "residual" else None
+    mtp.init_from_target(model, rms)
     mtp.to(device, dtype)
 
     def batch_of(seqs):
@@ -154,7 +179,9 @@ def setup(target, data, settings: dict, tcfg, device: str):
         save_trained(out_dir, NAME, asdict(mcfg), {k: v.float() for k, v in mtp.state_dict().items()},
                      model.config, train_config, log, eval_proxy)
 
-    return Trainee(mtp, len(data.train), loss, evaluate, save, asdict(mcfg), f"{mcfg.num_modules} module(s)")
+    start = "random" if rms is None else f"[{rms:.2f} I | 0] (g^0's median RMS)"
+    return Trainee(mtp, len(data.train), loss, evaluate, save, asdict(mcfg),
+                   f"{mcfg.num_modules} module(s), input_proj {start}")
 
 
 def load_module(ckpt_dir: str, model) -> MTP:
