@@ -141,11 +141,11 @@ def setup(target, data, settings: dict, tcfg, device: str):
     """Examples are sequences; the modules start from the target's parts (module docstring)."""
     from ..train.driver import Trainee
     mcfg = MTPTrainConfig(**settings.get("mtp", {}))
+    if mcfg.input_init not in ("residual", "random"):
+        raise ValueError(f"mtp.input_init: {mcfg.input_init!r} is not one of residual, random")
     dtype = getattr(torch, tcfg.dtype)
     model = frozen_target(target, tcfg.dtype, device)   # the frozen embedding, rotary embedding and LM head
     tap = model.config.num_hidden_layers
-    if mcfg.input_init not in ("residual", "random"):
-        raise ValueError(f"mtp.input_init: {mcfg.input_init!r} is not one of residual, random")
     mtp = MTP.for_target(model, mcfg.num_modules)
     rms = state_rms(data.train, tap) if mcfg.input_init == "residual" else None
     mtp.init_from_target(model, rms)
