@@ -233,7 +233,7 @@ def test_the_default_is_sized_per_host_class(tmp_path):
 
     (bf16, _, bf16_eagle3), (fp32, _, fp32_eagle3) = (plan("--config", f"sizing={{host: {cls}}}")
                                                     for cls in ("bfloat16", "float32"))
-    assert "--train-prompts 2000" in bf16 and "--train-prompts 1000" in fp32
+    assert "--train-prompts 2500" in bf16 and "--train-prompts 1250" in fp32
     assert heldout_limit(bf16) == 32 and heldout_limit(fp32) == 16
     assert (bf16_eagle3["train"]["steps"], fp32_eagle3["train"]["steps"]) == (500, 250)
     assert "--sizing 'the config as written (host class bfloat16" in bf16
@@ -260,7 +260,7 @@ def test_the_default_is_sized_per_host_class(tmp_path):
     assert int(replaced.search(layered).group(1)) == int(replaced.search(fp32).group(1)) - 1
     # the opt-in longer EAGLE-3 training merges into the checkpoint's settings, the rest kept
     # (on a float32 host too: layered on the config, it beats sizing.float32's 250 steps)
-    for cls, prompts in (("bfloat16", 2000), ("float32", 1000)):
+    for cls, prompts in (("bfloat16", 2500), ("float32", 1250)):
         long, _, settings = plan("--configfile", "config.yaml", "workflow/configs/eagle3-long.yaml",
                                  "--config", f"sizing={{host: {cls}}}")
         train = settings["train"]
